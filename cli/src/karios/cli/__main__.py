@@ -1,0 +1,5 @@
+import sys
+
+from karios.cli.main import main
+
+sys.exit(main())

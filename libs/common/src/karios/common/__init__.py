@@ -1,0 +1,1 @@
+"""Karios package."""

@@ -1,0 +1,1 @@
+"""The bus: subjects, streams, envelope, broker factory, consumer helpers."""

@@ -1,0 +1,74 @@
+"""Contracts owned by the inventory service (node registry, NetBox lookups)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from karios.common.contracts.base import Command, Event, Query
+from karios.common.netaddr import IPStr, OptIPStr, OptMacStr
+
+
+class RegisterNode(Command):
+    """Upsert a node in the registry (``bmc_infos``). Passwords arrive already encrypted."""
+
+    TYPE = "karios.inventory.register_node.v1"
+
+    bmc_ip: IPStr
+    bmc_username: str | None = None
+    bmc_password_enc: str | None = None
+    os_hostname: str | None = None
+    fqdn: str | None = None
+    os_ip: OptIPStr = None
+    os_username: str | None = None
+    os_password_enc: str | None = None
+    primary_mac: OptMacStr = None
+    serial_number: str | None = None
+    vendor: str | None = None
+    atlas_device_id: int | None = None
+    atlas_location_id: int | None = None
+    atlas_rack_id: int | None = None
+    atlas_site_id: int | None = None
+    is_control_node: bool = True
+
+
+class RegisterNodeResult(BaseModel):
+    created: bool
+    hostname: str
+    node_ip: str
+    bmc_ip: str
+
+
+class NodeRegistered(Event):
+    """A node was created or updated in the registry. Never carries credentials."""
+
+    TYPE = "karios.inventory.node_registered.v1"
+
+    bmc_ip: str
+    created: bool
+    hostname: str = ""
+    node_ip: str = ""
+    vendor: str = ""
+    is_control_node: bool = True
+
+
+class NodeQuery(Query):
+    TYPE = "karios.inventory.node_query.v1"
+    bmc_ip: str | None = None
+    node_ip: str | None = None
+
+
+class NodeSummary(BaseModel):
+    """A registry row without secrets (what any caller may see)."""
+
+    bmc_ip: str
+    hostname: str = ""
+    fqdn: str = ""
+    node_ip: str = ""
+    os_username: str = ""
+    vendor: str = ""
+    primary_mac: str = ""
+    serial_number: str = ""
+    is_control_node: bool = False
+    has_bmc_credentials: bool = False
+    has_os_credentials: bool = False
+    labels: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,67 @@
+"""Address parsing shared by every service: MACs in any common notation, IPs, CIDRs."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator
+
+_HEX = re.compile(r"^[0-9a-f]{12}$")
+
+
+def normalize_mac(value: str) -> str:
+    """``AA-BB-CC-DD-EE-FF``, ``aabb.ccdd.eeff``, ``aa:bb:…``, bare hex → ``aa:bb:cc:dd:ee:ff``."""
+    raw = re.sub(r"[:\-.]", "", value.strip().lower())
+    if not _HEX.match(raw):
+        raise ValueError(f"not a MAC address: {value!r}")
+    return ":".join(raw[i : i + 2] for i in range(0, 12, 2))
+
+
+def is_mac(value: str) -> bool:
+    try:
+        normalize_mac(value)
+    except ValueError:
+        return False
+    return True
+
+
+def normalize_ip(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise ValueError(f"not an IP address: {value!r}") from None
+
+
+def normalize_ipv4(value: str) -> str:
+    try:
+        return str(ipaddress.IPv4Address(value.strip()))
+    except ValueError:
+        raise ValueError(f"not an IPv4 address: {value!r}") from None
+
+
+def normalize_cidr(value: str, *, strict: bool = False) -> str:
+    try:
+        return str(ipaddress.ip_network(value.strip(), strict=strict))
+    except ValueError:
+        raise ValueError(f"not a CIDR: {value!r}") from None
+
+
+MacStr = Annotated[str, AfterValidator(normalize_mac)]
+IPStr = Annotated[str, AfterValidator(normalize_ip)]
+IPv4Str = Annotated[str, AfterValidator(normalize_ipv4)]
+CIDRStr = Annotated[str, AfterValidator(normalize_cidr)]
+
+
+def _optional(fn):  # type: ignore[no-untyped-def]
+    def inner(v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        return fn(v)  # type: ignore[no-any-return]
+
+    return inner
+
+
+OptMacStr = Annotated[str | None, AfterValidator(_optional(normalize_mac))]
+OptIPStr = Annotated[str | None, AfterValidator(_optional(normalize_ip))]

@@ -1,0 +1,105 @@
+"""What every Karios service process has: settings, logs, tracing, metrics, bus, database.
+
+``ServiceRuntime`` is wired once by each service's ``create_app`` (the cosmicpython
+``bootstrap``): tests pass their own settings instead of patching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from karios.common.bus.runtime import Bus
+from karios.common.db import Database
+from karios.common.db.migrate import ensure_database, upgrade
+from karios.common.http import add_ops_routes, install_error_handlers
+from karios.common.settings import KariosSettings
+from karios.common.telemetry import get_logger, new_registry, setup_logging, setup_tracing
+
+Hook = Callable[["ServiceRuntime"], Awaitable[None]]
+
+
+@dataclass
+class ServiceRuntime:
+    name: str
+    settings: KariosSettings
+    schema: str | None = None
+    migrations: Path | None = None
+    use_bus: bool = True
+    registry: CollectorRegistry = field(default_factory=new_registry)
+    bus: Bus = field(init=False)
+    db: Database | None = field(init=False, default=None)
+    state: dict[str, Any] = field(default_factory=dict)
+    extra_checks: dict[str, Callable[[], Awaitable[bool]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        setup_logging(self.name, self.settings.log_level, self.settings.log_json)
+        self.tracer = setup_tracing(self.name)
+        self.bus = Bus.from_settings(self.settings, self.name)
+        if self.schema:
+            self.db = Database(self.settings.database_url)
+
+    async def start(self) -> None:
+        if self.db is not None and self.migrations is not None and self.schema:
+            await ensure_database(self.settings.database_url)
+            await asyncio.to_thread(upgrade, self.migrations, self.settings.database_url, self.schema)
+        if self.use_bus:
+            await self.bus.start()
+
+    async def stop(self) -> None:
+        if self.use_bus:
+            await self.bus.stop()
+        if self.db is not None:
+            await self.db.close()
+
+    async def ready(self) -> dict[str, bool]:
+        checks: dict[str, bool] = {}
+        if self.use_bus:
+            checks["bus"] = await self.bus.healthy()
+        if self.db is not None:
+            checks["database"] = await self.db.healthy()
+        for name, check in self.extra_checks.items():
+            try:
+                checks[name] = await check()
+            except Exception:
+                checks[name] = False
+        return checks
+
+
+def build_app(
+    runtime: ServiceRuntime,
+    *,
+    title: str,
+    description: str = "",
+    on_start: Hook | None = None,
+    on_stop: Hook | None = None,
+    version: str = "0.1.0",
+) -> FastAPI:
+    log = get_logger(runtime.name)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        if on_start:
+            await on_start(runtime)
+        log.info("service started", service=runtime.name)
+        try:
+            yield
+        finally:
+            if on_stop:
+                await on_stop(runtime)
+            await runtime.stop()
+            log.info("service stopped", service=runtime.name)
+
+    app = FastAPI(title=title, description=description, version=version, lifespan=lifespan)
+    app.state.runtime = runtime
+    install_error_handlers(app)
+    add_ops_routes(app, runtime.ready, runtime.registry)
+    return app

@@ -1,0 +1,45 @@
+"""API gateway: authentication, validation, SSE, and the read model of jobs and progress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from karios.api_gateway.auth import Role, create_token
+from karios.api_gateway.events import EventRelay
+from karios.api_gateway.models import SCHEMA
+from karios.api_gateway.routes import events, register
+from karios.common.crypto import SecretBox
+from karios.common.service import ServiceRuntime, build_app
+from karios.common.settings import KariosSettings
+
+SERVICE = "api-gateway"
+
+
+def create_app(settings: KariosSettings | None = None) -> FastAPI:
+    settings = settings or KariosSettings()
+    rt = ServiceRuntime(SERVICE, settings, schema=SCHEMA, migrations=Path(__file__).parent / "migrations")
+    relay = EventRelay(rt.bus, rt.registry, queue_size=settings.sse_queue_size, keepalive=settings.sse_keepalive)
+
+    async def on_start(rt: ServiceRuntime) -> None:
+        assert rt.db is not None
+        if settings.bootstrap_admin_token is not None:
+            await create_token(rt.db, "bootstrap-admin", Role.fabric_admin, settings.bootstrap_admin_token.get_secret_value())
+        await relay.start()
+
+    async def on_stop(_rt: ServiceRuntime) -> None:
+        await relay.stop()
+
+    app = build_app(
+        rt,
+        title="Karios control node API",
+        description="Provision bare-metal servers over Redfish and roll out an EVPN/VXLAN fabric.",
+        on_start=on_start,
+        on_stop=on_stop,
+    )
+    app.state.relay = relay
+    app.state.secret_box = SecretBox.from_settings(settings)
+    app.include_router(register.router)
+    app.include_router(events.router)
+    return app

@@ -1,0 +1,61 @@
+"""``GET /controlnode/events`` — Server-Sent Events with a channel filter."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from karios.api_gateway.auth import Principal, Role, require
+from karios.common.errors import ValidationFailed
+
+router = APIRouter(prefix="/controlnode", tags=["events"])
+
+_CHANNEL_KINDS = ("provision", "fabric")
+_CHANNEL_PREFIXES = ("job:", "node:")
+
+
+def parse_channels(raw: list[str] | None) -> set[str] | None:
+    wanted: set[str] = set()
+    for item in raw or []:
+        for ch in item.split(","):
+            ch = ch.strip()
+            if not ch:
+                continue
+            if ch not in _CHANNEL_KINDS and not (ch.startswith(_CHANNEL_PREFIXES) and len(ch.split(":", 1)[1]) > 0):
+                raise ValidationFailed(
+                    f"channel: unknown channel {ch!r} (provision, fabric, job:<id>, node:<ip>)", field="channel"
+                )
+            wanted.add(ch)
+    return wanted or None
+
+
+@router.get(
+    "/events",
+    summary="Server-Sent Events stream",
+    description=(
+        "Relays Karios events. `channel` (repeatable or comma-separated): `provision`, `fabric`, "
+        "`job:<id>`, `node:<ip>`; none means all. Each event's `id` is its stream sequence: reconnect "
+        "with `Last-Event-ID` to receive exactly the events missed. A client that falls behind receives "
+        "an `event: reconnect` and should reconnect with `Last-Event-ID`. Browsers may pass the token "
+        "as `access_token` query parameter (EventSource cannot set headers)."
+    ),
+    response_class=StreamingResponse,
+)
+async def events(
+    request: Request,
+    channel: list[str] | None = Query(None),
+    last_event_id: str | None = Header(None, alias="Last-Event-ID"),
+    _p: Principal = Depends(require(Role.viewer)),
+) -> StreamingResponse:
+    wanted = parse_channels(channel)
+    resume: int | None = None
+    if last_event_id:
+        if not last_event_id.strip().isdigit():
+            raise ValidationFailed("Last-Event-ID: must be a stream sequence number", field="Last-Event-ID")
+        resume = int(last_event_id)
+    relay = request.app.state.relay
+    return StreamingResponse(
+        relay.stream(wanted, resume),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -1,0 +1,67 @@
+"""The node registry: upsert and lookups on ``inventory.bmc_infos``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlmodel import select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from karios.common.contracts.inventory import NodeSummary, RegisterNode, RegisterNodeResult
+from karios.inventory.models import BmcInfo
+
+_UPDATABLE = (
+    "bmc_username", "bmc_password_enc", "os_hostname", "fqdn", "os_ip", "os_username", "os_password_enc",
+    "primary_mac", "serial_number", "vendor", "atlas_device_id", "atlas_location_id", "atlas_rack_id",
+    "atlas_site_id",
+)
+
+
+async def upsert_node(session: AsyncSession, cmd: RegisterNode) -> RegisterNodeResult:
+    """Create or update the row for ``cmd.bmc_ip``. Fields left out (None) keep their stored value."""
+    row = await session.get(BmcInfo, cmd.bmc_ip, with_for_update=True)
+    created = row is None
+    if row is None:
+        row = BmcInfo(bmc_ip=cmd.bmc_ip, is_control_node=cmd.is_control_node)
+        session.add(row)
+    for name in _UPDATABLE:
+        value = getattr(cmd, name)
+        if value is not None:
+            setattr(row, name, value)
+    row.is_control_node = row.is_control_node or cmd.is_control_node
+    row.updated_at = datetime.now(UTC)
+    await session.flush()
+    return RegisterNodeResult(
+        created=created,
+        hostname=row.os_hostname or row.fqdn or "",
+        node_ip=row.os_ip or "",
+        bmc_ip=row.bmc_ip,
+    )
+
+
+def summarize(row: BmcInfo) -> NodeSummary:
+    return NodeSummary(
+        bmc_ip=row.bmc_ip,
+        hostname=row.os_hostname or "",
+        fqdn=row.fqdn or "",
+        node_ip=row.os_ip or "",
+        os_username=row.os_username or "",
+        vendor=row.vendor or "",
+        primary_mac=row.primary_mac or "",
+        serial_number=row.serial_number or "",
+        is_control_node=row.is_control_node,
+        has_bmc_credentials=bool(row.bmc_username and row.bmc_password_enc),
+        has_os_credentials=bool(row.os_password_enc),
+    )
+
+
+async def list_nodes(session: AsyncSession) -> list[BmcInfo]:
+    return list((await session.exec(select(BmcInfo).order_by(BmcInfo.bmc_ip))).all())
+
+
+async def get_node(session: AsyncSession, *, bmc_ip: str | None = None, node_ip: str | None = None) -> BmcInfo | None:
+    if bmc_ip:
+        return await session.get(BmcInfo, bmc_ip)
+    if node_ip:
+        return (await session.exec(select(BmcInfo).where(BmcInfo.os_ip == node_ip))).first()
+    return None

