@@ -26,7 +26,8 @@ def main() -> int:
     print("redfish lab self-test")
     t = t_all = time.monotonic()
     exe = redfish_lab.find_sushy_emulator()
-    t = step(f"find/install sushy-emulator ({exe})", t)
+    t = step("find/install sushy-emulator", t)
+    print(f"    {exe}")
 
     systems = [
         redfish_lab.fake_system("node1", macs=["52:54:00:00:00:11"]),
@@ -67,7 +68,8 @@ def main() -> int:
         cd = emu.get(slots["Cd"])
         assert "CD" in cd["MediaTypes"] or "DVD" in cd["MediaTypes"], cd
         assert cd["Actions"]["#VirtualMedia.InsertMedia"]["target"]
-        t = step(f"followed links to {vmedia_path}/Cd", t)
+        t = step("followed links to System/VirtualMedia/Cd", t)
+        print(f"    {vmedia_path}/Cd")
 
         status, _ = emu.request("GET", f"/redfish/v1/Systems/{node2['Name']}")
         assert status in (301, 302, 307, 308), f"GET by name: {status}"

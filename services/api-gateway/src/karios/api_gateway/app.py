@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from karios.api_gateway.auth import Role, create_token
 from karios.api_gateway.events import EventRelay
 from karios.api_gateway.models import SCHEMA
-from karios.api_gateway.routes import events, register
+from karios.api_gateway.routes import ROUTERS
 from karios.common.crypto import SecretBox
 from karios.common.service import ServiceRuntime, build_app
 from karios.common.settings import KariosSettings
@@ -40,6 +40,6 @@ def create_app(settings: KariosSettings | None = None) -> FastAPI:
     )
     app.state.relay = relay
     app.state.secret_box = SecretBox.from_settings(settings)
-    app.include_router(register.router)
-    app.include_router(events.router)
+    for router in ROUTERS():
+        app.include_router(router)
     return app

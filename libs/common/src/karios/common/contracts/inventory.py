@@ -72,3 +72,53 @@ class NodeSummary(BaseModel):
     has_bmc_credentials: bool = False
     has_os_credentials: bool = False
     labels: dict[str, str] = Field(default_factory=dict)
+
+
+class HostInterface(BaseModel):
+    name: str
+    macs: list[str] = Field(default_factory=list)
+    type: str = ""
+    speed_mbps: int | None = None
+    mgmt_only: bool = False
+    ipv4: list[str] = Field(default_factory=list)
+    ipv6: list[str] = Field(default_factory=list)
+
+
+class Host(BaseModel):
+    """A device as bootapi and the provisioner need it (from NetBox or the file inventory)."""
+
+    id: int | None = None
+    name: str
+    platform: str = ""  # platform slug, e.g. "almalinux-9", "debian-12"
+    role: str = ""  # device role slug
+    site: str = ""
+    rack: str = ""
+    primary_ipv4: str = ""  # CIDR form, e.g. "10.0.0.5/24"
+    primary_ipv6: str = ""
+    oob_ip: str = ""
+    interfaces: list[HostInterface] = Field(default_factory=list)
+    pxe_enabled: bool = True  # unset custom field counts as true
+    custom_fields: dict[str, object] = Field(default_factory=dict)
+
+
+class HostQuery(Query):
+    """Look a host up by MAC (any notation) or by device name."""
+
+    TYPE = "karios.inventory.host_query.v1"
+    mac: str | None = None
+    name: str | None = None
+
+
+class SetPxeEnabled(Query):
+    TYPE = "karios.inventory.set_pxe_enabled.v1"
+    ident: str  # MAC or device name
+    enabled: bool
+
+
+class DeviceChanged(Event):
+    """NetBox (or the file inventory) changed a device: caches drop what they hold for it."""
+
+    TYPE = "karios.inventory.device_changed.v1"
+    device_id: int | None = None
+    name: str = ""
+    macs: list[str] = Field(default_factory=list)
