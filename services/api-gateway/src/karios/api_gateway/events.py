@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import nats.errors
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from karios.common.bus.runtime import Bus
@@ -117,7 +117,7 @@ class EventRelay:
             return
         sub = await self.bus.js.subscribe(
             self.bus.subjects.all_events, ordered_consumer=True,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1),
         )
         try:
             while True:

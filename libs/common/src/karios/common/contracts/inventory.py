@@ -122,3 +122,118 @@ class DeviceChanged(Event):
     device_id: int | None = None
     name: str = ""
     macs: list[str] = Field(default_factory=list)
+
+
+# -- BMC hardware (what the UI chooses disks, GPUs and the boot NIC from) -----------------------
+
+
+class BmcHardwareQuery(Query):
+    """Hardware of the device whose out-of-band (BMC) IP is ``bmc_ip``."""
+
+    TYPE = "karios.inventory.bmc_hardware_query.v1"
+    bmc_ip: IPStr
+
+
+class Disk(BaseModel):
+    name: str
+    model: str = ""
+    manufacturer: str = ""
+    serial: str = ""
+    size_gb: float | None = None
+    bus: str = ""  # e.g. "nvme", "sata", "sas", or the module profile's disk type ("SSD", "NVME")
+    pci_address: str = ""
+    source: str = ""  # "inventory-item" | "module" | "file"
+
+
+class Gpu(BaseModel):
+    name: str
+    model: str = ""
+    manufacturer: str = ""
+    serial: str = ""
+    memory_gb: float | None = None
+    pci_address: str = ""
+    source: str = ""
+
+
+class Nic(BaseModel):
+    name: str
+    macs: list[str] = Field(default_factory=list)
+    primary_mac: str = ""
+    type: str = ""
+    speed_mbps: int | None = None
+    mgmt_only: bool = False
+    is_bmc: bool = False  # the NIC that carries the BMC (out-of-band) address
+    enabled: bool = True
+    ipv4: list[str] = Field(default_factory=list)
+
+
+class BmcHardware(BaseModel):
+    device_id: int | None = None
+    device_name: str
+    bmc_ip: str
+    disks: list[Disk] = Field(default_factory=list)
+    gpus: list[Gpu] = Field(default_factory=list)
+    nics: list[Nic] = Field(default_factory=list)
+
+
+# -- Node registry: what the fabric worker and the provisioner need ------------------------------
+
+
+class NodeAccessQuery(Query):
+    """Registered nodes with their OS address and SSH details (password as ciphertext only).
+
+    ``bmc_ip`` or ``node_ip`` narrows to one node (404 if unknown); ``compute_only`` leaves the
+    control node(s) out. Nodes without an OS IP are never listed (nothing to SSH to).
+    """
+
+    TYPE = "karios.inventory.node_access_query.v1"
+    bmc_ip: str | None = None
+    node_ip: str | None = None
+    compute_only: bool = False
+
+
+class NodeAccess(BaseModel):
+    """SSH access to a node. ``os_password_enc`` is SecretBox ciphertext (context ``os:<bmc_ip>``)."""
+
+    bmc_ip: str
+    hostname: str = ""
+    fqdn: str = ""
+    node_ip: str
+    os_username: str = "root"
+    os_password_enc: str | None = None
+    ssh_host_key: str | None = None
+    vendor: str = ""
+    is_control_node: bool = False
+
+
+class BmcAccessQuery(Query):
+    TYPE = "karios.inventory.bmc_access_query.v1"
+    bmc_ip: IPStr
+
+
+class BmcAccess(BaseModel):
+    """How to reach a BMC. ``password_enc`` is SecretBox ciphertext (context ``bmc:<bmc_ip>``)."""
+
+    bmc_ip: str
+    vendor: str = ""
+    username: str | None = None
+    password_enc: str | None = None
+    serial_number: str = ""
+    hostname: str = ""
+
+
+# -- Static addresses for the provisioner ---------------------------------------------------------
+
+
+class AllocateIp(Query):
+    """Give device ``name`` a static IPv4 from the configured pool (idempotent per name)."""
+
+    TYPE = "karios.inventory.allocate_ip.v1"
+    name: str
+
+
+class IpAllocation(BaseModel):
+    name: str
+    address: str  # CIDR form, e.g. "10.10.0.100/24"
+    gateway: str = ""
+    created: bool = False

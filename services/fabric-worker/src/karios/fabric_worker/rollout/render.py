@@ -1,0 +1,69 @@
+"""Pure rendering of a node's FRR files from the fabric intent (Jinja2, golden-tested)."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+
+import jinja2
+
+from karios.fabric_worker.rollout.intent import FabricIntent, UnderlayProtocol
+
+VTYSH_CONF = "service integrated-vtysh-config\n"
+
+# Probe for OSPF HMAC-SHA authentication: `vtysh -C` parses it without running daemons. FRR
+# 8.4 knows `cryptographic-algorithm hmac-sha-256` in key chains but not the OSPF interface
+# command that uses it, so the probe needs both.
+HMAC_SHA_PROBE_CONF = (
+    "key chain karios-probe\n key 1\n  key-string probe\n  cryptographic-algorithm hmac-sha-256\n"
+    " exit\nexit\ninterface lo\n ip ospf authentication key-chain karios-probe\nexit\n"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRenderInput:
+    hostname: str
+    vtep_ip: str
+    underlay_iface: str  # the node's underlay bridge/interface (OSPF runs on it)
+
+
+@dataclasses.dataclass(frozen=True)
+class RenderedFiles:
+    """The three files of /etc/frr the rollout owns (contents contain secrets: never log)."""
+
+    daemons: str
+    frr_conf: str
+    vtysh_conf: str = VTYSH_CONF
+
+    def as_dict(self) -> dict[str, str]:
+        return {"daemons": self.daemons, "frr.conf": self.frr_conf, "vtysh.conf": self.vtysh_conf}
+
+
+@cache
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("karios.fabric_worker.rollout", "templates"),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,  # noqa: S701 - FRR config text, not HTML
+    )
+
+
+def render_node_files(intent: FabricIntent, node: NodeRenderInput) -> RenderedFiles:
+    """daemons, frr.conf and vtysh.conf for one node."""
+    ctx = {
+        "intent": intent,
+        "ospf": intent.underlay is UnderlayProtocol.OSPF,
+        "hostname": node.hostname,
+        "vtep_ip": node.vtep_ip,
+        "underlay_iface": node.underlay_iface,
+        "bgp_password": intent.bgp_password.get_secret_value() if intent.bgp_password else "",
+        "ospf_key": intent.ospf_auth_key.get_secret_value() if intent.ospf_auth_key else "",
+    }
+    env = _env()
+    return RenderedFiles(
+        daemons=env.get_template("daemons.j2").render(ctx),
+        frr_conf=env.get_template("frr.conf.j2").render(ctx),
+    )

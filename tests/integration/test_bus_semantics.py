@@ -1,0 +1,168 @@
+"""Delivery semantics on the real JetStream server: idempotency, retry, dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import nats
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from karios.common.bus.runtime import HEADER_DLQ_CODE, HEADER_DLQ_DELIVERIES, HEADER_DLQ_REASON, Bus, HandlerContext
+from karios.common.contracts.base import Command
+from karios.common.db import claim_message, processed_messages_table
+from karios.common.errors import PermanentFailure, UpstreamError
+
+
+class Bump(Command):
+    TYPE = "karios.test.bump.v1"
+    key: str
+
+
+async def _wait_for(predicate, timeout=10.0, step=0.05):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if await predicate():
+            return True
+        await asyncio.sleep(step)
+    return False
+
+
+async def _dlq_messages(settings, expect: int, timeout: float = 10.0):
+    nc = await nats.connect(settings.nats_url)
+    js = nc.jetstream()
+    sub = await js.subscribe(f"{settings.bus_prefix}.dlq.>", ordered_consumer=True)
+    out = []
+    try:
+        while len(out) < expect:
+            out.append(await sub.next_msg(timeout=timeout))
+    finally:
+        await sub.unsubscribe()
+        await nc.close()
+    return out
+
+
+async def test_redelivered_command_is_not_applied_twice(settings):
+    """The handler commits its change and the processed id together, then 'crashes' before the ack."""
+    engine = create_async_engine(settings.database_url)
+    md = sa.MetaData()
+    schema = f"bt_{settings.bus_prefix}"
+    counters = sa.Table("counters", md, sa.Column("key", sa.String, primary_key=True),
+                        sa.Column("n", sa.Integer, nullable=False), schema=schema)
+    processed = processed_messages_table(md, schema)
+    async with engine.begin() as c:
+        await c.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        await c.run_sync(md.create_all)
+
+    calls = 0
+    bus = Bus.from_settings(settings, "bus-test")
+
+    async def handle(cmd: Bump, ctx: HandlerContext) -> None:
+        nonlocal calls
+        calls += 1
+        async with AsyncSession(engine) as s, s.begin():
+            if await claim_message(s, processed, "bus-test", ctx.envelope.id):
+                row = (await s.execute(sa.select(counters.c.n).where(counters.c.key == cmd.key))).first()
+                if row is None:
+                    await s.execute(counters.insert().values(key=cmd.key, n=1))
+                else:
+                    await s.execute(counters.update().where(counters.c.key == cmd.key).values(n=row.n + 1))
+        if ctx.deliveries == 1:
+            raise UpstreamError("simulated crash after commit, before ack")
+
+    bus.command_handler("test", Bump, handle)
+    await bus.start()
+    try:
+        env = await bus.send_command(Bump(key="a"), bus.subjects.cmd("test", "bump"))
+        # A re-published copy (same id) is dropped by the duplicate window.
+        ack = await bus.js.publish(bus.subjects.cmd("test", "bump"), env.model_dump_json().encode(), headers=env.headers())
+        assert ack.duplicate is True
+
+        async def applied_and_redelivered() -> bool:
+            return calls >= 2
+
+        assert await _wait_for(applied_and_redelivered)
+        await asyncio.sleep(0.5)
+        async with engine.connect() as c:
+            n = (await c.execute(sa.select(counters.c.n).where(counters.c.key == "a"))).scalar_one()
+        assert n == 1, "redelivery must not apply the change twice"
+        assert calls == 2
+        info = await bus.js.stream_info(bus.subjects.cmd_stream)
+        assert info.state.messages == 0, "acked on the second delivery"
+    finally:
+        await bus.stop()
+        async with engine.begin() as c:
+            await c.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        await engine.dispose()
+
+
+async def test_retryable_error_is_retried_then_dead_lettered_with_reason(settings):
+    bus = Bus.from_settings(settings, "bus-test")
+    attempts: list[int] = []
+
+    async def handle(cmd: Bump, ctx: HandlerContext) -> None:
+        attempts.append(ctx.deliveries)
+        raise UpstreamError("BMC 10.0.0.9 refused the connection")
+
+    bus.command_handler("test", Bump, handle)
+    events: list[dict] = []
+
+    await bus.start()
+    nc = await nats.connect(settings.nats_url)
+    sub = await nc.subscribe(bus.subjects.all_events)
+    try:
+        await bus.send_command(Bump(key="x"), bus.subjects.cmd("test", "bump"), entity="x")
+        [dead] = await _dlq_messages(settings, 1)
+        assert attempts == [1, 2, 3]  # max_deliver=3 in the test settings
+        assert dead.headers[HEADER_DLQ_REASON] == "BMC 10.0.0.9 refused the connection"
+        assert dead.headers[HEADER_DLQ_CODE] == "UPSTREAM_ERROR"
+        assert dead.headers[HEADER_DLQ_DELIVERIES] == "3"
+        assert json.loads(dead.data)["data"] == {"key": "x"}
+        msg = await sub.next_msg(timeout=5)
+        events.append(json.loads(msg.data))
+        assert events[0]["type"] == "karios.bus.command_failed.v1"
+        assert events[0]["data"]["code"] == "UPSTREAM_ERROR"
+        info = await bus.js.stream_info(bus.subjects.cmd_stream)
+        assert info.state.messages == 0
+    finally:
+        await sub.unsubscribe()
+        await nc.close()
+        await bus.stop()
+
+
+async def test_permanent_error_is_dead_lettered_at_once(settings):
+    bus = Bus.from_settings(settings, "bus-test")
+    attempts: list[int] = []
+
+    async def handle(cmd: Bump, ctx: HandlerContext) -> None:
+        attempts.append(ctx.deliveries)
+        raise PermanentFailure("vendor 'acme' has no driver")
+
+    bus.command_handler("test", Bump, handle)
+    await bus.start()
+    try:
+        await bus.send_command(Bump(key="y"), bus.subjects.cmd("test", "bump"))
+        [dead] = await _dlq_messages(settings, 1)
+        assert attempts == [1]
+        assert dead.headers[HEADER_DLQ_CODE] == "PERMANENT_FAILURE"
+    finally:
+        await bus.stop()
+
+
+async def test_request_with_nobody_answering_is_a_clear_503(settings):
+    from karios.common.contracts.inventory import NodeQuery
+    from karios.common.errors import ServiceUnavailable
+
+    bus = Bus.from_settings(settings, "bus-test")
+    await bus.start()
+    try:
+        try:
+            await bus.request(bus.subjects.query("nobody", "here"), NodeQuery(), timeout=0.5)
+        except ServiceUnavailable as exc:
+            assert "nobody" in exc.message
+        else:
+            raise AssertionError("expected ServiceUnavailable")
+    finally:
+        await bus.stop()
