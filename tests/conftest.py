@@ -100,8 +100,14 @@ def bus_prefix() -> str:
 async def settings(nats_url: str, database_url: str, bus_prefix: str) -> AsyncIterator[KariosSettings]:
     """Settings isolated per test: its own subject prefix (so its own streams)."""
     s = KariosSettings(
-        dev_mode=True, nats_url=nats_url, database_url=database_url, bus_prefix=bus_prefix,
-        retry_delay=0.2, max_deliver=3, request_timeout=5.0, log_json=False,
+        dev_mode=True,
+        nats_url=nats_url,
+        database_url=database_url,
+        bus_prefix=bus_prefix,
+        retry_delay=0.2,
+        max_deliver=3,
+        request_timeout=5.0,
+        log_json=False,
         bootstrap_admin_token="kt_test-admin-token",
     )
     yield s

@@ -10,7 +10,13 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from karios.common.bus.runtime import HEADER_DLQ_CODE, HEADER_DLQ_DELIVERIES, HEADER_DLQ_REASON, Bus, HandlerContext
+from karios.common.bus.runtime import (
+    HEADER_DLQ_CODE,
+    HEADER_DLQ_DELIVERIES,
+    HEADER_DLQ_REASON,
+    Bus,
+    HandlerContext,
+)
 from karios.common.contracts.base import Command
 from karios.common.db import claim_message, processed_messages_table
 from karios.common.errors import PermanentFailure, UpstreamError
@@ -49,8 +55,13 @@ async def test_redelivered_command_is_not_applied_twice(settings):
     engine = create_async_engine(settings.database_url)
     md = sa.MetaData()
     schema = f"bt_{settings.bus_prefix}"
-    counters = sa.Table("counters", md, sa.Column("key", sa.String, primary_key=True),
-                        sa.Column("n", sa.Integer, nullable=False), schema=schema)
+    counters = sa.Table(
+        "counters",
+        md,
+        sa.Column("key", sa.String, primary_key=True),
+        sa.Column("n", sa.Integer, nullable=False),
+        schema=schema,
+    )
     processed = processed_messages_table(md, schema)
     async with engine.begin() as c:
         await c.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
@@ -77,7 +88,9 @@ async def test_redelivered_command_is_not_applied_twice(settings):
     try:
         env = await bus.send_command(Bump(key="a"), bus.subjects.cmd("test", "bump"))
         # A re-published copy (same id) is dropped by the duplicate window.
-        ack = await bus.js.publish(bus.subjects.cmd("test", "bump"), env.model_dump_json().encode(), headers=env.headers())
+        ack = await bus.js.publish(
+            bus.subjects.cmd("test", "bump"), env.model_dump_json().encode(), headers=env.headers()
+        )
         assert ack.duplicate is True
 
         async def applied_and_redelivered() -> bool:

@@ -14,7 +14,9 @@ from karios.inventory.app import create_app as inventory_app
 from tests.conftest import ADMIN
 
 
-async def read_sse(client: httpx.AsyncClient, url: str, n: int, headers: dict | None = None, timeout: float = 10):
+async def read_sse(
+    client: httpx.AsyncClient, url: str, n: int, headers: dict | None = None, timeout: float = 10
+):
     """Collect the first ``n`` SSE events (id, event, data)."""
     events: list[dict] = []
     async with client.stream("GET", url, headers={**ADMIN, **(headers or {})}, timeout=timeout) as r:
@@ -36,25 +38,38 @@ async def read_sse(client: httpx.AsyncClient, url: str, n: int, headers: dict | 
 
 
 async def test_register_round_trip_reaches_sse_and_stores_encrypted(settings, serve):
-    inv = await serve(inventory_app(settings))
+    await serve(inventory_app(settings))
     gw = await serve(gateway_app(settings))
     async with httpx.AsyncClient(base_url=gw.url) as c:
         reader = asyncio.create_task(read_sse(c, "/controlnode/events?channel=provision", 1))
         await asyncio.sleep(0.5)
-        body = {"bmc_ip": "10.0.0.5", "os_hostname": "mgmt-01", "os_ip": "10.1.0.5",
-                "bmc_username": "admin", "bmc_password": "bmc-s3cret", "os_password": "os-s3cret",
-                "primary_mac": "AA-BB-CC-DD-EE-01"}
+        body = {
+            "bmc_ip": "10.0.0.5",
+            "os_hostname": "mgmt-01",
+            "os_ip": "10.1.0.5",
+            "bmc_username": "admin",
+            "bmc_password": "bmc-s3cret",
+            "os_password": "os-s3cret",
+            "primary_mac": "AA-BB-CC-DD-EE-01",
+        }
         r = await c.post("/controlnode/register", json=body, headers=ADMIN)
         assert r.status_code == 200, r.text
-        assert r.json() == {"created": True, "hostname": "mgmt-01", "message": "node 10.0.0.5 registered",
-                            "node_ip": "10.1.0.5", "success": True}
+        assert r.json() == {
+            "created": True,
+            "hostname": "mgmt-01",
+            "message": "node 10.0.0.5 registered",
+            "node_ip": "10.1.0.5",
+            "success": True,
+        }
         events = await asyncio.wait_for(reader, 10)
         assert events[0]["event"] == "node_registered"
         data = json.loads(events[0]["data"])
         assert data["data"]["bmc_ip"] == "10.0.0.5" and data["data"]["created"] is True
         assert "s3cret" not in events[0]["data"]
 
-        r2 = await c.post("/controlnode/register", json={"bmc_ip": "10.0.0.5", "os_ip": "10.1.0.6"}, headers=ADMIN)
+        r2 = await c.post(
+            "/controlnode/register", json={"bmc_ip": "10.0.0.5", "os_ip": "10.1.0.6"}, headers=ADMIN
+        )
         assert r2.status_code == 200 and r2.json()["created"] is False and r2.json()["node_ip"] == "10.1.0.6"
     eng = create_async_engine(settings.database_url)
     async with eng.connect() as conn:
@@ -70,8 +85,12 @@ async def test_register_round_trip_reaches_sse_and_stores_encrypted(settings, se
 async def test_register_rejects_bad_fields_with_422_naming_them(settings, serve):
     gw = await serve(gateway_app(settings))
     async with httpx.AsyncClient(base_url=gw.url) as c:
-        for body, field in (({"bmc_ip": "10.0.0.999"}, "bmc_ip"), ({"bmc_ip": "10.0.0.1", "primary_mac": "zz"}, "primary_mac"),
-                            ({"bmc_ip": "10.0.0.1", "os_ip": "nope"}, "os_ip"), ({}, "bmc_ip")):
+        for body, field in (
+            ({"bmc_ip": "10.0.0.999"}, "bmc_ip"),
+            ({"bmc_ip": "10.0.0.1", "primary_mac": "zz"}, "primary_mac"),
+            ({"bmc_ip": "10.0.0.1", "os_ip": "nope"}, "os_ip"),
+            ({}, "bmc_ip"),
+        ):
             r = await c.post("/controlnode/register", json=body, headers=ADMIN)
             assert r.status_code == 422, r.text
             assert r.json()["field"] == field

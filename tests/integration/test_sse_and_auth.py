@@ -14,7 +14,9 @@ from karios.common.contracts.inventory import NodeRegistered
 from tests.conftest import ADMIN
 
 
-async def collect(client: httpx.AsyncClient, url: str, n: int, headers: dict | None = None, timeout: float = 10):
+async def collect(
+    client: httpx.AsyncClient, url: str, n: int, headers: dict | None = None, timeout: float = 10
+):
     out: list[dict] = []
 
     async def run() -> None:
@@ -39,7 +41,8 @@ async def collect(client: httpx.AsyncClient, url: str, n: int, headers: dict | N
 async def publish(bus: Bus, i: int, bmc: str = "10.0.0.1") -> None:
     await bus.publish_event(
         NodeRegistered(bmc_ip=bmc, created=True, hostname=f"n{i}"),
-        bus.subjects.evt("inventory", "node.registered", bmc), entity=bmc,
+        bus.subjects.evt("inventory", "node.registered", bmc),
+        entity=bmc,
     )
 
 
@@ -92,11 +95,17 @@ async def test_tokens_401_without_or_with_bad_token_403_with_too_low_role(settin
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
         r = await c.post("/controlnode/register", json={"bmc_ip": "10.0.0.1"})
         assert r.status_code == 401
-        r = await c.post("/controlnode/register", json={"bmc_ip": "10.0.0.1"},
-                         headers={"Authorization": "Bearer kt_not-a-real-token"})
+        r = await c.post(
+            "/controlnode/register",
+            json={"bmc_ip": "10.0.0.1"},
+            headers={"Authorization": "Bearer kt_not-a-real-token"},
+        )
         assert r.status_code == 401 and r.json()["code"] == "UNAUTHORIZED"
-        r = await c.post("/controlnode/register", json={"bmc_ip": "10.0.0.1"},
-                         headers={"Authorization": f"Bearer {viewer}"})
+        r = await c.post(
+            "/controlnode/register",
+            json={"bmc_ip": "10.0.0.1"},
+            headers={"Authorization": f"Bearer {viewer}"},
+        )
         assert r.status_code == 403 and "operator" in r.json()["message"]
         r = await c.get("/readyz")
         assert r.status_code == 200 and r.json()["checks"] == {"bus": True, "database": True}

@@ -95,8 +95,15 @@ def test_errors_round_trip_through_dicts():
 
 
 def test_redact_masks_secret_keys_recursively():
-    out = redact({"bmc_password": "x", "nested": [{"token": "t", "name": "n"}], "ospf_auth_key": "k", "os_ip": "1"})
-    assert out == {"bmc_password": "***", "nested": [{"token": "***", "name": "n"}], "ospf_auth_key": "***", "os_ip": "1"}
+    out = redact(
+        {"bmc_password": "x", "nested": [{"token": "t", "name": "n"}], "ospf_auth_key": "k", "os_ip": "1"}
+    )
+    assert out == {
+        "bmc_password": "***",
+        "nested": [{"token": "***", "name": "n"}],
+        "ospf_auth_key": "***",
+        "os_ip": "1",
+    }
 
 
 @pytest.mark.parametrize("raw", ["AA:BB:CC:DD:EE:FF", "aa-bb-cc-dd-ee-ff", "aabb.ccdd.eeff", "AABBCCDDEEFF"])
@@ -109,4 +116,8 @@ def test_event_routing_to_channels():
     assert ch == {"provision", "job:j1", "node:10.0.0.1"} and name == "progress"
     name, ch = route_event("fabric", "node.applied", {"node_ip": "10.1.0.1"})
     assert name == "fabric_switch" and ch == {"fabric", "node:10.1.0.1"}
-    assert channel_matches(None, ch) and channel_matches({"fabric"}, ch) and not channel_matches({"provision"}, ch)
+    assert (
+        channel_matches(None, ch)
+        and channel_matches({"fabric"}, ch)
+        and not channel_matches({"provision"}, ch)
+    )

@@ -47,7 +47,9 @@ def test_wrap_refuses_a_non_contract():
 def test_subject_builders_and_entity_encoding():
     s = Subjects("karios")
     assert s.cmd("provision", "start") == "karios.cmd.provision.start"
-    assert s.evt("inventory", "node.registered", "10.0.0.5") == "karios.evt.inventory.node.registered.10_0_0_5"
+    assert (
+        s.evt("inventory", "node.registered", "10.0.0.5") == "karios.evt.inventory.node.registered.10_0_0_5"
+    )
     assert s.query("inventory", "host") == "karios.q.inventory.host"
     assert s.dlq("karios.cmd.provision.start") == "karios.dlq.cmd.provision.start"
     assert s.cmd_stream == "KARIOS_CMD" and s.evt_stream == "KARIOS_EVT" and s.dlq_stream == "KARIOS_DLQ"

@@ -36,15 +36,29 @@ class EmbeddedNats:
             old.unlink()
         log = open(self.dir / "nats-server.log", "ab")  # noqa: SIM115 (lives as long as the server)
         self.proc = subprocess.Popen(
-            [nats_server_binary(), "-js", "-sd", str(self.dir / "jetstream"), "-a", "127.0.0.1", "-p", "-1",
-             "--ports_file_dir", str(self.dir)],
-            stdout=log, stderr=log, preexec_fn=die_with_parent,
+            [
+                nats_server_binary(),
+                "-js",
+                "-sd",
+                str(self.dir / "jetstream"),
+                "-a",
+                "127.0.0.1",
+                "-p",
+                "-1",
+                "--ports_file_dir",
+                str(self.dir),
+            ],
+            stdout=log,
+            stderr=log,
+            preexec_fn=die_with_parent,
         )
         deadline = time.monotonic() + timeout
         ports = self.dir / f"nats-server_{self.proc.pid}.ports"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited ({self.proc.returncode}); see {self.dir / 'nats-server.log'}")
+                raise RuntimeError(
+                    f"nats-server exited ({self.proc.returncode}); see {self.dir / 'nats-server.log'}"
+                )
             if ports.exists():
                 try:
                     self.url = json.loads(ports.read_text())["nats"][0]

@@ -118,7 +118,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         for name in SERVICES:
             out = open(logs / f"{name}.log", "ab")  # noqa: SIM115
             procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "karios.cli", "run", name], env=env, stdout=out, stderr=out,
+                [sys.executable, "-m", "karios.cli", "run", name],
+                env=env,
+                stdout=out,
+                stderr=out,
                 preexec_fn=die_with_parent,
             )
         deadline = time.monotonic() + args.timeout
@@ -173,11 +176,25 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_openapi(args: argparse.Namespace) -> int:
+    import json
+
+    from karios.common.settings import KariosSettings
+
+    spec = SERVICES[args.service]
+    module = __import__(spec.module, fromlist=["create_app"])
+    app = module.create_app(KariosSettings(dev_mode=True))
+    print(json.dumps(app.openapi(), indent=2, sort_keys=True))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="karios", description="Karios control plane")
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="run the whole system on this machine (embedded NATS + PostgreSQL)")
-    up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for every service to be ready")
+    up.add_argument(
+        "--timeout", type=float, default=90.0, help="seconds to wait for every service to be ready"
+    )
     up.set_defaults(fn=cmd_up)
     run = sub.add_parser("run", help="run one service (how production runs it)")
     run.add_argument("service", choices=sorted(SERVICES))
@@ -187,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     tok.add_argument("name")
     tok.add_argument("--role", choices=["viewer", "operator", "fabric_admin"], default="operator")
     tok.set_defaults(fn=cmd_token)
+    oa = sub.add_parser("openapi", help="print a service's OpenAPI document (docs/openapi/<service>.json)")
+    oa.add_argument("service", choices=sorted(SERVICES))
+    oa.set_defaults(fn=cmd_openapi)
     args = parser.parse_args(argv)
     return int(args.fn(args))
 

@@ -9,7 +9,12 @@ from typing import Any
 
 # SSE event names the seed's UI listens for, by domain.
 _EVENT_NAME_BY_DOMAIN = {"fabric": "fabric_switch"}
-_CHANNEL_BY_DOMAIN = {"provision": "provision", "installer": "provision", "inventory": "provision", "fabric": "fabric"}
+_CHANNEL_BY_DOMAIN = {
+    "provision": "provision",
+    "installer": "provision",
+    "inventory": "provision",
+    "fabric": "fabric",
+}
 
 
 def route_event(domain: str, fact: str, data: dict[str, Any]) -> tuple[str, set[str]]:

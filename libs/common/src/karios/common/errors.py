@@ -97,8 +97,15 @@ def register_error(cls: type[KariosError]) -> type[KariosError]:
 
 
 for _cls in (
-    ValidationFailed, NotFound, Conflict, Unauthorized, Forbidden, UpstreamError,
-    ServiceUnavailable, PermanentFailure, InternalError,
+    ValidationFailed,
+    NotFound,
+    Conflict,
+    Unauthorized,
+    Forbidden,
+    UpstreamError,
+    ServiceUnavailable,
+    PermanentFailure,
+    InternalError,
 ):
     register_error(_cls)
 

@@ -53,7 +53,12 @@ def install_error_handlers(app: FastAPI) -> None:
         log.exception("unhandled error", error_type=type(exc).__name__)
         return JSONResponse(
             status_code=500,
-            content={"code": "INTERNAL", "message": "internal error", "retryable": False, "detail": "internal error"},
+            content={
+                "code": "INTERNAL",
+                "message": "internal error",
+                "retryable": False,
+                "detail": "internal error",
+            },
         )
 
 

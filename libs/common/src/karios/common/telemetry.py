@@ -26,8 +26,11 @@ def redact(value: Any) -> Any:
     """Return ``value`` with secret-looking mapping keys masked, recursively."""
     if isinstance(value, Mapping):
         return {
-            k: (REDACTED if isinstance(k, str) and _SECRET_KEY.search(k) and v not in (None, "", False)
-                else redact(v))
+            k: (
+                REDACTED
+                if isinstance(k, str) and _SECRET_KEY.search(k) and v not in (None, "", False)
+                else redact(v)
+            )
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):
@@ -53,7 +56,11 @@ def setup_logging(service: str, level: str = "INFO", json: bool = True) -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
     )
-    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=f"%(asctime)s {service} %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format=f"%(asctime)s {service} %(name)s %(levelname)s %(message)s",
+    )
     structlog.contextvars.bind_contextvars(service=service)
 
 

@@ -20,12 +20,16 @@ SERVICE = "api-gateway"
 def create_app(settings: KariosSettings | None = None) -> FastAPI:
     settings = settings or KariosSettings()
     rt = ServiceRuntime(SERVICE, settings, schema=SCHEMA, migrations=Path(__file__).parent / "migrations")
-    relay = EventRelay(rt.bus, rt.registry, queue_size=settings.sse_queue_size, keepalive=settings.sse_keepalive)
+    relay = EventRelay(
+        rt.bus, rt.registry, queue_size=settings.sse_queue_size, keepalive=settings.sse_keepalive
+    )
 
     async def on_start(rt: ServiceRuntime) -> None:
         assert rt.db is not None
         if settings.bootstrap_admin_token is not None:
-            await create_token(rt.db, "bootstrap-admin", Role.fabric_admin, settings.bootstrap_admin_token.get_secret_value())
+            await create_token(
+                rt.db, "bootstrap-admin", Role.fabric_admin, settings.bootstrap_admin_token.get_secret_value()
+            )
         await relay.start()
 
     async def on_stop(_rt: ServiceRuntime) -> None:

@@ -27,7 +27,7 @@ class Role(enum.IntEnum):
     fabric_admin = 3
 
 
-TOKEN_PREFIX = "kt_"
+TOKEN_PREFIX = "kt_"  # noqa: S105 (a prefix, not a secret)
 
 
 def new_token() -> str:

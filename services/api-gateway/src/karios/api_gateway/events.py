@@ -69,9 +69,12 @@ class EventRelay:
 
     def __post_init__(self) -> None:
         self.m_clients = Gauge("karios_sse_clients", "Connected SSE clients", registry=self.registry)
-        self.m_events = Counter("karios_sse_events_relayed_total", "Events received by the relay", registry=self.registry)
+        self.m_events = Counter(
+            "karios_sse_events_relayed_total", "Events received by the relay", registry=self.registry
+        )
         self.m_overflow = Counter(
-            "karios_sse_client_overflows_total", "Clients told to reconnect because they fell behind",
+            "karios_sse_client_overflows_total",
+            "Clients told to reconnect because they fell behind",
             registry=self.registry,
         )
 
@@ -97,7 +100,10 @@ class EventRelay:
                     self.m_overflow.inc()
 
         self._sub = await self.bus.js.subscribe(
-            self.bus.subjects.all_events, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW, cb=on_msg,
+            self.bus.subjects.all_events,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.NEW,
+            cb=on_msg,
         )
 
     async def stop(self) -> None:
@@ -116,7 +122,8 @@ class EventRelay:
         if until <= after:
             return
         sub = await self.bus.js.subscribe(
-            self.bus.subjects.all_events, ordered_consumer=True,
+            self.bus.subjects.all_events,
+            ordered_consumer=True,
             config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1),
         )
         try:

@@ -1,16 +1,225 @@
-"""bootapi service (capabilities land with their issues)."""
+"""bootapi: iPXE scripts, kickstarts/preseeds and the provisioned callback for PXE-booting hosts.
+
+The one wiring point (``create_app``). Routes are thin: :class:`BootServer` holds the rules.
+Contract: ``../shared/seeds/003_030e9310165fcfbd.txt`` (summarised in ``docs/bootapi.md``).
+"""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
-from karios.common.service import ServiceRuntime, build_app
+from fastapi import FastAPI, Path as PathParam, Query, Request
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from karios.bootapi.hosts import BusHostSource, CachedHostSource, HostSource
+from karios.bootapi.metrics import BootapiMetrics
+from karios.bootapi.server import BootServer
+from karios.bootapi.settings import BootapiSettings
+from karios.bootapi.templatesync import GitTemplateSync, TemplateStore
+from karios.common.contracts.inventory import DeviceChanged
+from karios.common.http import install_error_handlers
+from karios.common.oscatalog import TemplateSetError, default_set_dir, load_template_set
+from karios.common.service import ServiceRuntime
 from karios.common.settings import KariosSettings
+from karios.common.telemetry import get_logger
 
 SERVICE = "bootapi"
+TEXT = "text/plain; charset=utf-8"
+log = get_logger(__name__)
+
+DESCRIPTION = """\
+Boot path for PXE-booting hosts, served over **plain HTTP** (installers have no CA trust).
+
+* `/ipxe/{mac}` never answers 404: unknown MACs, inventory errors and hosts with
+  `pxe_enabled=false` get HTTP 200 and the fallback script (`BOOTAPI_UNKNOWN_MAC_FALLBACK`).
+* `/ks/{ident}` answers 404 for an unknown host and 502 when the inventory fails.
+* `POST /provisioned/{ident}` clears `pxe_enabled` (token-guarded).
+"""
+
+_ENDPOINTS = (("/ipxe/", "ipxe"), ("/boot/ipxe", "ipxe"), ("/ks/", "ks"), ("/healthz", "healthz"),
+              ("/readyz", "readyz"))
 
 
-def create_app(settings: KariosSettings | None = None) -> FastAPI:
+class RequestCounter:
+    """Pure-ASGI middleware counting ``bootapi_http_requests_total{endpoint,status}`` (cheap under storms)."""
+
+    def __init__(self, app: Any, metrics: BootapiMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Awaitable[Any]],
+                       send: Callable[..., Awaitable[Any]]) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path: str = scope.get("path", "")
+        endpoint = next((name for prefix, name in _ENDPOINTS if path.startswith(prefix)), None)
+        if endpoint is None:
+            return await self.app(scope, receive, send)
+        status = [500]
+
+        async def send_wrapper(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self.metrics.http_requests.labels(endpoint, f"{status[0] // 100}xx").inc()
+
+
+def initial_templates(boot: BootapiSettings, store: TemplateStore) -> None:
+    """Embedded defaults first; a configured local directory replaces them if it parses."""
+    store.publish(load_template_set(default_set_dir(), origin="embedded"))
+    if boot.template_dir is not None:
+        try:
+            store.publish(load_template_set(boot.template_dir))
+        except TemplateSetError as exc:
+            store.metrics.template_sync_failures.inc()
+            store.last_error = str(exc)
+            log.error("template directory refused; serving the embedded set", error=str(exc))
+
+
+def create_app(
+    settings: KariosSettings | None = None,
+    boot_settings: BootapiSettings | None = None,
+    *,
+    host_source: HostSource | None = None,
+) -> FastAPI:
     settings = settings or KariosSettings()
-    rt = ServiceRuntime(SERVICE, settings)
-    return build_app(rt, title="Karios bootapi")
+    boot = boot_settings or BootapiSettings()
+    metrics = BootapiMetrics()
+    rt = ServiceRuntime(SERVICE, settings, registry=metrics.registry, use_bus=host_source is None)
+    subjects = rt.bus.subjects
+
+    store = TemplateStore(metrics)
+    initial_templates(boot, store)
+    hosts = CachedHostSource(
+        host_source or BusHostSource(rt.bus), metrics, ttl=boot.cache_ttl, negative_ttl=boot.cache_negative_ttl,
+        max_entries=boot.cache_size,
+    )
+    server = BootServer(
+        hosts=hosts, templates=store, metrics=metrics,
+        base_url=boot.resolved_base_url(settings.host, settings.bootapi_port),
+        fallback=boot.unknown_mac_fallback,
+        provision_token=boot.provision_token.get_secret_value() if boot.provision_token else None,
+    )
+    sync = (
+        GitTemplateSync(boot.template_git_url, store, interval=boot.template_git_interval, ref=boot.template_git_ref)
+        if boot.template_git_url else None
+    )
+
+    async def on_inventory_event(body: Any, msg: Any) -> None:
+        try:
+            _domain, fact, _entity = subjects.parse_event(msg.raw_message.subject)
+            if fact != "device.changed":
+                return
+            data = json.loads(msg.raw_message.data)
+            event = DeviceChanged.model_validate(data.get("data", data))
+        except (ValueError, ValidationError) as exc:
+            log.warning("ignored a malformed inventory event", error=str(exc)[:200])
+            return
+        dropped = hosts.invalidate(device_id=event.device_id, name=event.name, macs=event.macs)
+        log.debug("host cache invalidated", device=event.name, dropped=dropped)
+
+    if host_source is None:
+        # Core subscription (no queue group): every replica drops its own cache entries.
+        rt.bus.broker.subscriber(subjects.events_of("inventory"), no_reply=True)(on_inventory_event)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await rt.start()
+        if sync is not None:
+            sync.start()
+        log.info("service started", service=SERVICE, templates=store.get().origin, fallback=server.fallback)
+        try:
+            yield
+        finally:
+            if sync is not None:
+                await sync.stop()
+            await rt.stop()
+
+    app = FastAPI(title="Karios bootapi", description=DESCRIPTION, version="0.1.0", lifespan=lifespan)
+    app.state.runtime, app.state.server, app.state.store, app.state.hosts = rt, server, store, hosts
+    app.state.sync = sync
+    install_error_handlers(app)
+    app.add_middleware(RequestCounter, metrics=metrics)
+
+    ipxe_doc = {200: {"content": {"text/plain": {}}, "description": "An iPXE script (installer or fallback)."}}
+    text_doc = {200: {"content": {"text/plain": {}}, "description": "Rendered kickstart or preseed."},
+                404: {"description": "Unknown host (or no catalog entry for it)."},
+                502: {"description": "The inventory failed."}}
+
+    @app.get("/ipxe/{mac}", response_class=PlainTextResponse, responses=ipxe_doc, tags=["boot"])
+    async def ipxe(mac: str = PathParam(description="MAC with `:`/`-`/`.` separators or bare hex; "
+                                                    "a trailing `.ipxe` is stripped.")) -> PlainTextResponse:
+        """iPXE boot script for the host owning ``mac``; never 404 (fallback script instead)."""
+        return PlainTextResponse(await server.ipxe_script(mac), media_type=TEXT)
+
+    @app.get("/boot/ipxe", response_class=PlainTextResponse, responses=ipxe_doc, tags=["boot"])
+    async def boot_ipxe(mac: str | None = Query(None, description="MAC in any notation.")) -> PlainTextResponse:
+        """Query-string alias of ``/ipxe/{mac}``."""
+        return PlainTextResponse(await server.ipxe_script(mac), media_type=TEXT)
+
+    @app.get("/ks/{ident}", response_class=PlainTextResponse, responses=text_doc, tags=["boot"])
+    async def install_config(ident: str = PathParam(description="MAC (auto-detected) or hostname; "
+                                                                "`.ks`/`.cfg` stripped.")) -> PlainTextResponse:
+        """Rendered kickstart (RHEL family) or preseed (Debian) for the host."""
+        return PlainTextResponse(await server.install_config(ident), media_type=TEXT)
+
+    @app.post(
+        "/provisioned/{ident}", status_code=204, tags=["boot"],
+        responses={204: {"description": "pxe_enabled cleared."}, 401: {"description": "Missing or wrong token."},
+                   404: {"description": "Unknown host."}, 503: {"description": "No provision token configured."},
+                   502: {"description": "The inventory write failed."}},
+    )
+    async def provisioned(request: Request, ident: str = PathParam(description="MAC or hostname.")) -> Response:
+        """End-of-install callback: turns the host's PXE gate off. Token: ``Authorization: Bearer`` or ``token``."""
+        await server.provisioned(ident, request.headers)
+        return Response(status_code=204)
+
+    @app.get("/healthz", response_class=PlainTextResponse, tags=["ops"])
+    async def healthz() -> PlainTextResponse:
+        """Liveness: always ``200 ok``."""
+        return PlainTextResponse("ok\n", media_type=TEXT)
+
+    @app.get("/readyz", response_class=PlainTextResponse, tags=["ops"],
+             responses={503: {"description": "No template set parsed yet."}})
+    async def readyz() -> PlainTextResponse:
+        """Readiness: 200 once a template set is parsed. Does not probe the inventory or NetBox."""
+        if not store.ready:
+            return PlainTextResponse("templates not loaded\n", status_code=503, media_type=TEXT)
+        return PlainTextResponse(f"ok generation={store.generation}\n", media_type=TEXT)
+
+    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
+    async def metrics_endpoint() -> Response:
+        """Prometheus metrics (``bootapi_*``)."""
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def openapi_document() -> dict[str, Any]:
+    """The published contract (``docs/openapi/bootapi.json``), built without any I/O."""
+    app = create_app(
+        KariosSettings(dev_mode=True, log_json=True), BootapiSettings(_env_file=None),  # type: ignore[call-arg]
+        host_source=_NoHosts(),
+    )
+    return app.openapi()
+
+
+class _NoHosts:
+    async def by_mac(self, mac: str) -> None:
+        return None
+
+    async def by_name(self, name: str) -> None:
+        return None
+
+    async def set_pxe_enabled(self, ident: str, enabled: bool) -> None:
+        return None
+
+

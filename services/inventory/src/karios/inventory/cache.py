@@ -104,9 +104,7 @@ class SingleFlightCache(Generic[V]):
         """Drop entries carrying any of ``tags`` (and all negative entries): returns how many."""
         wanted = set(tags)
         self._epoch += 1
-        doomed = [
-            k for k, e in self._entries.items() if (e.tags & wanted) or (negatives and e.value is None)
-        ]
+        doomed = [k for k, e in self._entries.items() if (e.tags & wanted) or (negatives and e.value is None)]
         for k in doomed:
             del self._entries[k]
         return len(doomed)

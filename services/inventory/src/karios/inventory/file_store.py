@@ -73,10 +73,18 @@ class FileDevice(BaseModel):
         if self.pxe_enabled is not None:
             cf["pxe_enabled"] = self.pxe_enabled
         return Host(
-            id=self.id, name=self.name, platform=self.platform, role=self.role, site=self.site,
-            rack=self.rack, primary_ipv4=self.primary_ipv4, primary_ipv6=self.primary_ipv6,
+            id=self.id,
+            name=self.name,
+            platform=self.platform,
+            role=self.role,
+            site=self.site,
+            rack=self.rack,
+            primary_ipv4=self.primary_ipv4,
+            primary_ipv6=self.primary_ipv6,
             oob_ip=self.oob_ip,
-            interfaces=[HostInterface.model_validate(i.model_dump(exclude={"enabled"})) for i in self.interfaces],
+            interfaces=[
+                HostInterface.model_validate(i.model_dump(exclude={"enabled"})) for i in self.interfaces
+            ],
             pxe_enabled=self.pxe_enabled is not False,
             custom_fields=cf,
         )
@@ -84,8 +92,14 @@ class FileDevice(BaseModel):
     def hardware(self, bmc_ip: str) -> BmcHardware:
         nics = [
             Nic(
-                name=i.name, macs=i.macs, primary_mac=i.macs[0] if i.macs else "", type=i.type,
-                speed_mbps=i.speed_mbps, mgmt_only=i.mgmt_only, enabled=i.enabled, ipv4=i.ipv4,
+                name=i.name,
+                macs=i.macs,
+                primary_mac=i.macs[0] if i.macs else "",
+                type=i.type,
+                speed_mbps=i.speed_mbps,
+                mgmt_only=i.mgmt_only,
+                enabled=i.enabled,
+                ipv4=i.ipv4,
                 is_bmc=any(a.split("/")[0] == bmc_ip for a in i.ipv4 + i.ipv6),
             )
             for i in self.interfaces
@@ -95,7 +109,9 @@ class FileDevice(BaseModel):
             if len(mgmt) == 1:
                 mgmt[0].is_bmc = True
         return BmcHardware(
-            device_id=self.id, device_name=self.name, bmc_ip=bmc_ip,
+            device_id=self.id,
+            device_name=self.name,
+            bmc_ip=bmc_ip,
             disks=[d.model_copy(update={"source": d.source or "file"}) for d in self.disks],
             gpus=[g.model_copy(update={"source": g.source or "file"}) for g in self.gpus],
             nics=nics,
@@ -161,7 +177,9 @@ class FileStore:
         try:
             text = Path(path).read_text()
         except OSError as exc:
-            raise ValidationFailed(f"inventory_file: cannot read {path}: {exc.strerror}", field="inventory_file") from None
+            raise ValidationFailed(
+                f"inventory_file: cannot read {path}: {exc.strerror}", field="inventory_file"
+            ) from None
         return cls(load_inventory(text, str(path)), path=Path(path), pool=pool)
 
     def _reindex(self) -> None:
@@ -219,7 +237,9 @@ class FileStore:
             if dev.primary_ipv4:
                 return IpAllocation(name=name, address=dev.primary_ipv4, gateway=gateway, created=False)
             if name in self._allocations:
-                return IpAllocation(name=name, address=self._allocations[name], gateway=gateway, created=False)
+                return IpAllocation(
+                    name=name, address=self._allocations[name], gateway=gateway, created=False
+                )
             address = allocate_from_pool(self._pool, self._used_addresses())
             self._allocations[name] = address
             return IpAllocation(name=name, address=address, gateway=gateway, created=True)
@@ -243,7 +263,8 @@ def allocate_from_pool(pool: StaticPool | None, used: set[str]) -> str:
     """The lowest free address of the pool from ``start`` (default network + 10), in CIDR form."""
     if pool is None:
         raise ValidationFailed(
-            "static_pool: no static IP pool configured (KARIOS_INVENTORY_STATIC_POOL or static_pool in the YAML)",
+            "static_pool: no static IP pool configured "
+            "(KARIOS_INVENTORY_STATIC_POOL or static_pool in the YAML)",
             field="static_pool",
         )
     net = ipaddress.IPv4Network(pool.cidr, strict=False)

@@ -55,8 +55,10 @@ def _safe_mac(value: Any) -> str | None:
 
 
 def interface_macs(iface: Json) -> tuple[list[str], str]:
-    """All MACs assigned to an interface (NetBox ≥ 4.2 ``mac_addresses``, older ``mac_address``) and the primary."""
-    primary = _safe_mac(_get(iface, "primary_mac_address", "mac_address")) or _safe_mac(iface.get("mac_address"))
+    """All MACs of an interface (NetBox ≥ 4.2 ``mac_addresses``, older ``mac_address``), primary first."""
+    primary = _safe_mac(_get(iface, "primary_mac_address", "mac_address")) or _safe_mac(
+        iface.get("mac_address")
+    )
     macs: list[str] = []
     for entry in iface.get("mac_addresses") or []:
         mac = _safe_mac(entry.get("mac_address") if isinstance(entry, Mapping) else entry)
@@ -118,7 +120,11 @@ def pxe_enabled(custom_fields: Json | None, field: str = "pxe_enabled") -> bool:
 
 
 def host_from_netbox(
-    device: Json, interfaces: Iterable[Json], ip_addresses: Iterable[Json] = (), *, pxe_field: str = "pxe_enabled"
+    device: Json,
+    interfaces: Iterable[Json],
+    ip_addresses: Iterable[Json] = (),
+    *,
+    pxe_field: str = "pxe_enabled",
 ) -> Host:
     by_iface = addresses_by_interface(ip_addresses)
     custom_fields = dict(device.get("custom_fields") or {})
@@ -303,7 +309,9 @@ def bmc_hardware_from_netbox(
         elif kind == "gpu":
             gpus.append(gpu_from_item(item))
     for module in modules:
-        mt = module_types.get(int(_get(module, "module_type", "id") or 0)) or dict(module.get("module_type") or {})
+        mt = module_types.get(int(_get(module, "module_type", "id") or 0)) or dict(
+            module.get("module_type") or {}
+        )
         kind = _module_kind(mt, rules)
         if kind == "disk":
             disks.append(disk_from_module(module, mt))

@@ -7,12 +7,29 @@ from datetime import UTC, datetime
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from karios.common.contracts.inventory import NodeSummary, RegisterNode, RegisterNodeResult
+from karios.common.contracts.inventory import (
+    BmcAccess,
+    NodeAccess,
+    NodeSummary,
+    RegisterNode,
+    RegisterNodeResult,
+)
 from karios.inventory.models import BmcInfo
 
 _UPDATABLE = (
-    "bmc_username", "bmc_password_enc", "os_hostname", "fqdn", "os_ip", "os_username", "os_password_enc",
-    "primary_mac", "serial_number", "vendor", "atlas_device_id", "atlas_location_id", "atlas_rack_id",
+    "bmc_username",
+    "bmc_password_enc",
+    "os_hostname",
+    "fqdn",
+    "os_ip",
+    "os_username",
+    "os_password_enc",
+    "primary_mac",
+    "serial_number",
+    "vendor",
+    "atlas_device_id",
+    "atlas_location_id",
+    "atlas_rack_id",
     "atlas_site_id",
 )
 
@@ -59,9 +76,40 @@ async def list_nodes(session: AsyncSession) -> list[BmcInfo]:
     return list((await session.exec(select(BmcInfo).order_by(BmcInfo.bmc_ip))).all())
 
 
-async def get_node(session: AsyncSession, *, bmc_ip: str | None = None, node_ip: str | None = None) -> BmcInfo | None:
+async def get_node(
+    session: AsyncSession, *, bmc_ip: str | None = None, node_ip: str | None = None
+) -> BmcInfo | None:
     if bmc_ip:
         return await session.get(BmcInfo, bmc_ip)
     if node_ip:
         return (await session.exec(select(BmcInfo).where(BmcInfo.os_ip == node_ip))).first()
     return None
+
+
+def node_access(row: BmcInfo) -> NodeAccess | None:
+    """SSH details of a node (password as stored ciphertext); ``None`` without an OS IP."""
+    if not row.os_ip:
+        return None
+    return NodeAccess(
+        bmc_ip=row.bmc_ip,
+        hostname=row.os_hostname or "",
+        fqdn=row.fqdn or "",
+        node_ip=row.os_ip,
+        os_username=row.os_username or "root",
+        os_password_enc=row.os_password_enc,
+        ssh_host_key=row.ssh_host_key,
+        vendor=row.vendor or "",
+        is_control_node=row.is_control_node,
+    )
+
+
+def bmc_access(row: BmcInfo) -> BmcAccess:
+    """How to reach the BMC (password as stored ciphertext, decrypted only by the provisioner)."""
+    return BmcAccess(
+        bmc_ip=row.bmc_ip,
+        vendor=row.vendor or "",
+        username=row.bmc_username,
+        password_enc=row.bmc_password_enc,
+        serial_number=row.serial_number or "",
+        hostname=row.os_hostname or row.fqdn or "",
+    )

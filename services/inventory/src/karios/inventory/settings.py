@@ -1,4 +1,4 @@
-"""Inventory-only settings (pydantic-settings, ``KARIOS_INVENTORY_`` prefix); shared ones live in KariosSettings."""
+"""Inventory-only settings (``KARIOS_INVENTORY_`` prefix); shared ones live in KariosSettings."""
 
 from __future__ import annotations
 

@@ -150,36 +150,54 @@ class Bus:
             return await self.js.publish(
                 subject, env.model_dump_json().encode(), headers=env.headers(), timeout=5.0
             )
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError) as exc:
+        except (
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            nats.errors.ConnectionClosedError,
+        ) as exc:
             raise ServiceUnavailable(f"bus publish to {subject} failed: {type(exc).__name__}") from exc
 
     async def publish_event(
-        self, event: Event, subject: str, *, cause: Envelope[Any] | None = None, entity: str = "",
+        self,
+        event: Event,
+        subject: str,
+        *,
+        cause: Envelope[Any] | None = None,
+        entity: str = "",
         msg_id: str | None = None,
     ) -> PubAck:
         env = wrap(event, source=self.service, subject=entity, cause=cause, msg_id=msg_id)
         return await self._publish(env, subject)
 
     async def send_command(
-        self, command: Command, subject: str, *, entity: str = "", msg_id: str | None = None,
+        self,
+        command: Command,
+        subject: str,
+        *,
+        entity: str = "",
+        msg_id: str | None = None,
         correlationid: str | None = None,
     ) -> Envelope[Any]:
         env = wrap(command, source=self.service, subject=entity, msg_id=msg_id, correlationid=correlationid)
         await self._publish(env, subject)
         return env
 
-    async def request(self, subject: str, query: Contract, *, timeout: float | None = None) -> Any:
+    async def request(self, subject: str, query: Contract, *, timeout: float | None = None) -> Any:  # noqa: ASYNC109
         """Request/reply; raises the remote :class:`KariosError`, or 503 when nobody answers."""
         env = wrap(query, source=self.service)
         try:
             msg = await self.nc.request(
-                subject, env.model_dump_json().encode(), timeout=timeout or self.request_timeout,
+                subject,
+                env.model_dump_json().encode(),
+                timeout=timeout or self.request_timeout,
                 headers=env.headers(),
             )
         except nats.errors.NoRespondersError:
             raise ServiceUnavailable(f"no service answers {subject}") from None
         except nats.errors.TimeoutError:
-            raise ServiceUnavailable(f"no answer on {subject} within {timeout or self.request_timeout}s") from None
+            raise ServiceUnavailable(
+                f"no answer on {subject} within {timeout or self.request_timeout}s"
+            ) from None
         reply = Reply.model_validate_json(msg.data)
         if not reply.ok:
             assert reply.error is not None
@@ -188,8 +206,14 @@ class Bus:
 
     # -- handlers ------------------------------------------------------------------
     def command_handler(
-        self, domain: str, model: type[Command], handler: CommandHandler, *, durable: str | None = None,
-        verb: str | None = None, concurrency: int = 4,
+        self,
+        domain: str,
+        model: type[Command],
+        handler: CommandHandler,
+        *,
+        durable: str | None = None,
+        verb: str | None = None,
+        concurrency: int = 4,
     ) -> None:
         """Consume commands of ``domain`` (optionally one verb) with a shared durable pull consumer."""
         subject = self.subjects.cmd(domain, verb) if verb else self.subjects.commands_of(domain)
@@ -251,26 +275,34 @@ class Bus:
             await self._dead_letter(raw, env, err, deliveries)
             await raw.term()
 
-    async def _dead_letter(self, raw: Any, env: Envelope[Any] | None, err: BaseException | None, deliveries: int) -> None:
+    async def _dead_letter(
+        self, raw: Any, env: Envelope[Any] | None, err: BaseException | None, deliveries: int
+    ) -> None:
         code = err.code if isinstance(err, KariosError) else type(err).__name__
         reason = err.message if isinstance(err, KariosError) else str(err)
         headers = dict(raw.headers or {})
         headers.pop("Nats-Msg-Id", None)
-        headers.update({
-            HEADER_DLQ_REASON: reason[:1000],
-            HEADER_DLQ_CODE: code,
-            HEADER_DLQ_DELIVERIES: str(deliveries),
-            HEADER_DLQ_SUBJECT: raw.subject,
-        })
+        headers.update(
+            {
+                HEADER_DLQ_REASON: reason[:1000],
+                HEADER_DLQ_CODE: code,
+                HEADER_DLQ_DELIVERIES: str(deliveries),
+                HEADER_DLQ_SUBJECT: raw.subject,
+            }
+        )
         await self.js.publish(self.subjects.dlq(raw.subject), raw.data, headers=headers, timeout=5.0)
-        log.error("command dead-lettered", subject=raw.subject, code=code, reason=reason, deliveries=deliveries)
+        log.error(
+            "command dead-lettered", subject=raw.subject, code=code, reason=reason, deliveries=deliveries
+        )
         if env is not None:
             domain = raw.subject.split(".")[2]
             failed = CommandFailed(
                 command_type=env.type, command_id=env.id, code=code, message=reason, deliveries=deliveries
             )
             await self.publish_event(
-                failed, self.subjects.evt(domain, "command_failed", env.subject or env.id), cause=env,
+                failed,
+                self.subjects.evt(domain, "command_failed", env.subject or env.id),
+                cause=env,
                 entity=env.subject,
             )
 
@@ -291,8 +323,12 @@ class Bus:
             except ValidationError as exc:
                 first = exc.errors()[0]
                 field_name = ".".join(str(p) for p in first.get("loc", ()))
-                reply = Reply(ok=False, error=ErrorBody(**ValidationFailed(
-                    f"{field_name}: {first.get('msg')}", field=field_name).to_dict()))
+                reply = Reply(
+                    ok=False,
+                    error=ErrorBody(
+                        **ValidationFailed(f"{field_name}: {first.get('msg')}", field=field_name).to_dict()
+                    ),
+                )
             except KariosError as exc:
                 reply = Reply(ok=False, error=ErrorBody(**exc.to_dict()))
             except Exception as exc:

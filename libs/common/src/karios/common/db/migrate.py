@@ -34,7 +34,13 @@ def run_env(target_metadata: sa.MetaData) -> None:
     url = cfg.get_main_option("sqlalchemy.url")
 
     def include_object(obj, name, type_, reflected, compare_to):  # type: ignore[no-untyped-def]
-        table_schema = getattr(obj, "schema", None) if type_ == "table" else getattr(obj.table, "schema", None) if hasattr(obj, "table") else schema
+        table_schema = (
+            getattr(obj, "schema", None)
+            if type_ == "table"
+            else getattr(obj.table, "schema", None)
+            if hasattr(obj, "table")
+            else schema
+        )
         return table_schema == schema
 
     def do_run(connection: sa.Connection) -> None:
@@ -66,7 +72,9 @@ async def ensure_database(url: str) -> None:
     admin = create_async_engine(u.set(database="postgres"), isolation_level="AUTOCOMMIT")
     try:
         async with admin.connect() as conn:
-            exists = (await conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname=:n"), {"n": u.database})).first()
+            exists = (
+                await conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname=:n"), {"n": u.database})
+            ).first()
             if not exists:
                 await conn.execute(sa.text(f'CREATE DATABASE "{u.database}"'))
     finally:

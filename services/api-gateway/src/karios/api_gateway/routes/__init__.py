@@ -12,7 +12,7 @@ import pkgutil
 from fastapi import APIRouter
 
 
-def ROUTERS() -> list[APIRouter]:  # noqa: N802 (reads as a constant at the call site)
+def ROUTERS() -> list[APIRouter]:
     found = []
     for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{__name__}.{mod.name}")

@@ -21,9 +21,12 @@ def parse_channels(raw: list[str] | None) -> set[str] | None:
             ch = ch.strip()
             if not ch:
                 continue
-            if ch not in _CHANNEL_KINDS and not (ch.startswith(_CHANNEL_PREFIXES) and len(ch.split(":", 1)[1]) > 0):
+            if ch not in _CHANNEL_KINDS and not (
+                ch.startswith(_CHANNEL_PREFIXES) and len(ch.split(":", 1)[1]) > 0
+            ):
                 raise ValidationFailed(
-                    f"channel: unknown channel {ch!r} (provision, fabric, job:<id>, node:<ip>)", field="channel"
+                    f"channel: unknown channel {ch!r} (provision, fabric, job:<id>, node:<ip>)",
+                    field="channel",
                 )
             wanted.add(ch)
     return wanted or None

@@ -34,7 +34,9 @@ class RegisterRequest(BaseModel):
 
 
 class RegisterResponse(BaseModel):
-    created: bool = Field(description="true if a new record was created, false if an existing one was updated")
+    created: bool = Field(
+        description="true if a new record was created, false if an existing one was updated"
+    )
     hostname: str
     message: str
     node_ip: str
@@ -45,7 +47,10 @@ class RegisterResponse(BaseModel):
     "/register",
     response_model=RegisterResponse,
     summary="Register the control node (1st node) in bmc_infos",
-    responses={422: {"description": "Invalid field (named in `field`)"}, 503: {"description": "Inventory unavailable"}},
+    responses={
+        422: {"description": "Invalid field (named in `field`)"},
+        503: {"description": "Inventory unavailable"},
+    },
 )
 async def register(
     body: RegisterRequest, request: Request, _p: Principal = Depends(require(Role.operator))
@@ -54,8 +59,12 @@ async def register(
     box: SecretBox = request.app.state.secret_box
     cmd = RegisterNode(
         **body.model_dump(exclude={"bmc_password", "os_password"}),
-        bmc_password_enc=box.encrypt(body.bmc_password, context=f"bmc:{body.bmc_ip}") if body.bmc_password else None,
-        os_password_enc=box.encrypt(body.os_password, context=f"os:{body.bmc_ip}") if body.os_password else None,
+        bmc_password_enc=box.encrypt(body.bmc_password, context=f"bmc:{body.bmc_ip}")
+        if body.bmc_password
+        else None,
+        os_password_enc=box.encrypt(body.os_password, context=f"os:{body.bmc_ip}")
+        if body.os_password
+        else None,
         is_control_node=True,
     )
     raw = await rt.bus.request(rt.bus.subjects.request("inventory", "register_node"), cmd)

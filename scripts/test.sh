@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Run the whole test suite: lint, unit, integration against the real NATS + PostgreSQL, and the
+# lab (NetBox, Redfish emulator, OpenSSH + FRR namespaces) where this machine allows it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/bootstrap-uv.sh
+uv sync --locked --all-packages --quiet
+
+# The real servers the integration tests use (CI machines run them already; start them if down).
+if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null && [ -x /usr/sbin/nats-server ] && [ "$(id -u)" = 0 ]; then
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log || true
+fi
+if ! (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null && command -v pg_ctlcluster >/dev/null && [ "$(id -u)" = 0 ]; then
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true
+fi
+
+# Lab packages and peers (cached between runs on the machine).
+if [ -x tests/lab/setup.sh ]; then
+  tests/lab/setup.sh
+fi
+if [ -x tests/lab/netbox.sh ] && [ -z "${KARIOS_SKIP_NETBOX:-}" ]; then
+  if tests/lab/netbox.sh up >/tmp/karios-netbox-up.log 2>&1; then
+    eval "$(tests/lab/netbox.sh env)"
+    export NETBOX_URL NETBOX_TOKEN
+    trap 'tests/lab/netbox.sh down >/dev/null 2>&1 || true' EXIT
+  else
+    echo "test: NetBox lab did not come up (tail of log below); NetBox contract tests will report it" >&2
+    tail -n 30 /tmp/karios-netbox-up.log >&2 || true
+  fi
+fi
+
+uv run --locked ruff check .
+uv run --locked ruff format --check .
+uv run --locked pytest "$@"

@@ -1,0 +1,152 @@
+"""What a node looks like right now: one read-only discovery command and its pure parser.
+
+The same facts serve preflight (underlay resolution), apply (baseline, diff) and
+post-deploy (checklist). The parser is tested against recorded output.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import ipaddress
+import json
+
+MANAGED_FILES = ("daemons", "frr.conf", "vtysh.conf")
+FRRINIT = "/usr/lib/frr/frrinit.sh"
+_MARK = "@@karios:"
+
+DISCOVER_SCRIPT = f"""\
+echo '{_MARK}hostname'; hostname
+echo '{_MARK}links'; ip -j -d addr show
+echo '{_MARK}frr_installed'; if [ -x {FRRINIT} ] && command -v vtysh >/dev/null; then echo yes; else echo no; fi
+echo '{_MARK}frr_pids'
+for d in watchfrr zebra bgpd ospfd bfdd staticd; do
+  p=$(cat /run/frr/$d.pid 2>/dev/null) && [ -n "$p" ] && kill -0 "$p" 2>/dev/null && echo "$d=$p"
+done
+for f in {" ".join(MANAGED_FILES)}; do
+  echo "{_MARK}file:$f"
+  if [ -f "/etc/frr/$f" ]; then base64 -w0 "/etc/frr/$f"; echo; else echo '-'; fi
+done
+echo '{_MARK}end'
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Interface:
+    name: str
+    kind: str  # "bridge", "vxlan", "dummy", "veth", "" (physical/unknown)
+    mtu: int
+    up: bool
+    master: str = ""
+    ipv4: tuple[str, ...] = ()  # "ip/len"
+    vxlan_id: int | None = None
+    vxlan_local: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeFacts:
+    hostname: str
+    interfaces: dict[str, Interface]
+    frr_installed: bool
+    frr_pids: dict[str, int]
+    files: dict[str, str | None]  # managed /etc/frr files; None = absent
+
+    @property
+    def frr_running(self) -> bool:
+        return "zebra" in self.frr_pids and "bgpd" in self.frr_pids
+
+    @property
+    def vtep_ip(self) -> str | None:
+        vtep = self.interfaces.get("vtep0")
+        if vtep is None or not vtep.ipv4:
+            return None
+        return vtep.ipv4[0].split("/")[0]
+
+    def vxlan_vnis(self) -> tuple[int, ...]:
+        return tuple(
+            sorted(i.vxlan_id for i in self.interfaces.values() if i.kind == "vxlan" and i.vxlan_id)
+        )
+
+
+class FactsParseError(ValueError):
+    pass
+
+
+def _sections(output: str) -> dict[str, str]:
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in output.splitlines():
+        if line.startswith(_MARK):
+            current = line[len(_MARK) :].strip()
+            out[current] = []
+        elif current is not None:
+            out[current].append(line)
+    if "end" not in out:
+        raise FactsParseError("discovery output is truncated")
+    return {k: "\n".join(v) for k, v in out.items()}
+
+
+def parse_interfaces(ip_json: str) -> dict[str, Interface]:
+    """`ip -j -d addr show` → interfaces by name."""
+    try:
+        raw = json.loads(ip_json or "[]")
+    except json.JSONDecodeError as exc:
+        raise FactsParseError(f"`ip -j addr` output is not JSON: {exc}") from None
+    result = {}
+    for link in raw:
+        info = link.get("linkinfo") or {}
+        data = info.get("info_data") or {}
+        kind = info.get("info_kind", "")
+        result[link["ifname"]] = Interface(
+            name=link["ifname"],
+            kind=kind,
+            mtu=int(link.get("mtu", 0)),
+            up="UP" in (link.get("flags") or []),
+            master=link.get("master", ""),
+            ipv4=tuple(
+                f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", []) if a.get("family") == "inet"
+            ),
+            vxlan_id=int(data["id"]) if kind == "vxlan" and "id" in data else None,
+            vxlan_local=str(data.get("local", "")) if kind == "vxlan" else "",
+        )
+    return result
+
+
+def parse_facts(output: str) -> NodeFacts:
+    """Parse the output of :data:`DISCOVER_SCRIPT`."""
+    sec = _sections(output)
+    pids = {}
+    for line in sec.get("frr_pids", "").splitlines():
+        name, _, pid = line.partition("=")
+        if pid.strip().isdigit():
+            pids[name.strip()] = int(pid)
+    files: dict[str, str | None] = {}
+    for name in MANAGED_FILES:
+        body = sec.get(f"file:{name}", "-").strip()
+        files[name] = None if body == "-" else base64.b64decode(body).decode()
+    return NodeFacts(
+        hostname=sec.get("hostname", "").strip(),
+        interfaces=parse_interfaces(sec.get("links", "")),
+        frr_installed=sec.get("frr_installed", "").strip() == "yes",
+        frr_pids=pids,
+        files=files,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class UnderlayMatch:
+    iface: str
+    mtu: int
+    underlay_ip: str  # "ip/len"
+    is_bridge: bool
+
+
+def find_underlay(facts: NodeFacts, underlay_cidr: str) -> list[UnderlayMatch]:
+    """Interfaces holding an IPv4 address inside `underlay_cidr`, bridges first."""
+    net = ipaddress.IPv4Network(underlay_cidr, strict=False)
+    matches = []
+    for iface in facts.interfaces.values():
+        for addr in iface.ipv4:
+            if ipaddress.IPv4Interface(addr).ip in net:
+                matches.append(UnderlayMatch(iface.name, iface.mtu, addr, iface.kind == "bridge"))
+    return sorted(matches, key=lambda m: (not m.is_bridge, m.iface))

@@ -1,0 +1,329 @@
+"""Pure planning: what to change on a node (diff), how to go back (rollback), and how to
+judge the result (verify, post-deploy). No I/O: everything here takes facts and returns
+commands or verdicts, so the rules are read and tested without a node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from enum import StrEnum
+
+from karios.fabric_worker.rollout.facts import FRRINIT, MANAGED_FILES, NodeFacts
+
+VXLAN_OVERHEAD = 50
+VXLAN_PORT = 4789
+
+
+class FrrAction(StrEnum):
+    NONE = "none"
+    START = "start"
+    RELOAD = "reload"
+    RESTART = "restart"
+    STOP = "stop"
+
+
+@dataclasses.dataclass(frozen=True)
+class DesiredNetwork:
+    """Kernel state the rollout owns: vtep0 and one vxlanN in brN per VNI.
+
+    ``vtep_ip=None`` means "none of it": vtep0 and the managed VXLAN devices are removed.
+    """
+
+    vtep_ip: str | None
+    vnis: tuple[int, ...] = ()
+    overlay_mtu: int = 1450
+    managed_vnis: tuple[int, ...] = ()  # VNIs whose devices may be removed when not wanted
+
+
+def overlay_mtu(vxlan_mtu: int, underlay_mtu: int) -> int:
+    """MTU of the VXLAN devices and their bridges: the smaller of the fabric MTU and the
+    node's real underlay MTU, minus the VXLAN encapsulation."""
+    base = min(vxlan_mtu, underlay_mtu) if underlay_mtu > 0 else vxlan_mtu
+    return base - VXLAN_OVERHEAD
+
+
+def network_commands(facts: NodeFacts, want: DesiredNetwork) -> list[str]:
+    """`ip` commands bringing the node's managed devices from `facts` to `want` (empty when equal)."""
+    cmds: list[str] = []
+    ifs = facts.interfaces
+    wanted = set(want.vnis) if want.vtep_ip else set()
+    for vni in sorted(set(want.managed_vnis) | set(facts.vxlan_vnis()) - wanted):
+        if vni in wanted:
+            continue
+        vx, br = ifs.get(f"vxlan{vni}"), ifs.get(f"br{vni}")
+        ours = vni in want.managed_vnis or (want.vtep_ip is not None and vx is not None and vx.vxlan_local == want.vtep_ip)
+        if vx is not None and vx.vxlan_id == vni and ours:
+            cmds.append(f"ip link del vxlan{vni}")
+            if br is not None and br.kind == "bridge":
+                cmds.append(f"ip link del br{vni}")
+    if want.vtep_ip is None:
+        if "vtep0" in ifs:
+            cmds.append("ip link del vtep0")
+        return cmds
+    vtep = ifs.get("vtep0")
+    if vtep is None:
+        cmds.append("ip link add vtep0 type dummy")
+    if vtep is None or set(vtep.ipv4) != {f"{want.vtep_ip}/32"}:
+        if vtep is not None:
+            cmds.append("ip -4 addr flush dev vtep0")
+        cmds.append(f"ip addr add {want.vtep_ip}/32 dev vtep0")
+    if vtep is None or not vtep.up:
+        cmds.append("ip link set vtep0 up")
+    for vni in sorted(wanted):
+        vx_name, br_name = f"vxlan{vni}", f"br{vni}"
+        vx, br = ifs.get(vx_name), ifs.get(br_name)
+        if vx is not None and (vx.kind != "vxlan" or vx.vxlan_id != vni or vx.vxlan_local != want.vtep_ip):
+            cmds.append(f"ip link del {vx_name}")
+            vx = None
+        if br is None:
+            cmds.append(f"ip link add {br_name} mtu {want.overlay_mtu} type bridge stp_state 0")
+        elif br.mtu != want.overlay_mtu:
+            cmds.append(f"ip link set {br_name} mtu {want.overlay_mtu}")
+        if vx is None:
+            cmds.append(
+                f"ip link add {vx_name} mtu {want.overlay_mtu} type vxlan id {vni} "
+                f"local {want.vtep_ip} dstport {VXLAN_PORT} nolearning"
+            )
+        elif vx.mtu != want.overlay_mtu:
+            cmds.append(f"ip link set {vx_name} mtu {want.overlay_mtu}")
+        if vx is None or vx.master != br_name:
+            cmds.append(f"ip link set {vx_name} master {br_name}")
+        if br is None or not br.up:
+            cmds.append(f"ip link set {br_name} up")
+        if vx is None or not vx.up:
+            cmds.append(f"ip link set {vx_name} up")
+    return cmds
+
+
+def baseline_network(baseline: NodeFacts, managed_vnis: tuple[int, ...]) -> DesiredNetwork:
+    """The network part of a node's baseline, as a target to roll back to."""
+    vtep = baseline.vtep_ip
+    if vtep is None:
+        return DesiredNetwork(vtep_ip=None, managed_vnis=managed_vnis)
+    vnis = tuple(
+        i.vxlan_id
+        for i in baseline.interfaces.values()
+        if i.kind == "vxlan" and i.vxlan_id and i.vxlan_local == vtep
+    )
+    mtus = [baseline.interfaces[f"vxlan{v}"].mtu for v in vnis if f"vxlan{v}" in baseline.interfaces]
+    return DesiredNetwork(
+        vtep_ip=vtep,
+        vnis=tuple(sorted(vnis)),
+        overlay_mtu=mtus[0] if mtus else 1450,
+        managed_vnis=tuple(sorted(set(managed_vnis) | set(vnis))),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class FrrPlan:
+    """Which managed files to write (None = delete) and what to do with the daemons."""
+
+    writes: dict[str, str | None]
+    action: FrrAction
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.writes) or self.action is not FrrAction.NONE
+
+
+def frr_plan(facts: NodeFacts, files: dict[str, str]) -> FrrPlan:
+    """Diff the rendered files against the node; reload only when the config changed."""
+    writes: dict[str, str | None] = {n: c for n, c in files.items() if facts.files.get(n) != c}
+    if not facts.frr_running:
+        action = FrrAction.START
+    elif "daemons" in writes:
+        action = FrrAction.RESTART
+    elif writes:
+        action = FrrAction.RELOAD
+    else:
+        action = FrrAction.NONE
+    return FrrPlan(writes, action)
+
+
+def frr_rollback_plan(baseline: NodeFacts, current: NodeFacts) -> FrrPlan:
+    """Restore the baseline's files byte for byte and its running state."""
+    writes = {n: baseline.files.get(n) for n in MANAGED_FILES if current.files.get(n) != baseline.files.get(n)}
+    if baseline.frr_running:
+        if not current.frr_running:
+            action = FrrAction.START
+        else:
+            action = FrrAction.RESTART if writes else FrrAction.NONE
+    else:
+        action = FrrAction.STOP if current.frr_running else FrrAction.NONE
+    return FrrPlan(writes, action)
+
+
+def write_file_command(name: str, content: str | None) -> str:
+    """Shell for one managed file; content (which may hold secrets) goes over stdin, never argv."""
+    path = shlex.quote(f"/etc/frr/{name}")
+    if content is None:
+        return f"rm -f {path}"
+    tmp = shlex.quote(f"/etc/frr/.{name}.karios-new")
+    return (
+        f"umask 027 && mkdir -p /etc/frr && cat > {tmp} && chown frr:frr {tmp} && chmod 640 {tmp} "
+        f"&& mv -f {tmp} {path}"
+    )
+
+
+def frr_action_command(action: FrrAction) -> str | None:
+    if action is FrrAction.NONE:
+        return None
+    if action is FrrAction.STOP:
+        return f"{FRRINIT} stop"
+    if action is FrrAction.START:
+        return f"chown frr:frr /etc/frr && {FRRINIT} start"
+    return f"{FRRINIT} {action.value}"
+
+
+INSTALL_FRR_SCRIPT = """\
+set -e
+export DEBIAN_FRONTEND=noninteractive
+# Keep the package's own frr.conf/daemons out of the way of the rendered ones.
+for f in /etc/frr/frr.conf /etc/frr/daemons; do
+  dpkg-divert --local --rename --divert "$f.dpkg-dist" --add "$f" >/dev/null
+done
+apt-get -q -y -o DPkg::Lock::Timeout=300 install frr frr-pythontools >/dev/null || {
+  apt-get -q update >/dev/null && apt-get -q -y -o DPkg::Lock::Timeout=300 install frr frr-pythontools >/dev/null; }
+test -x /usr/lib/frr/frrinit.sh
+"""
+
+
+# -- verification ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EvpnPeer:
+    state: str
+    pfx_rcd: int
+    pfx_snt: int
+
+
+def parse_evpn_summary(text: str, peer_ip: str) -> EvpnPeer | None:
+    """The peer's line of `show bgp l2vpn evpn summary json` (None when not configured)."""
+    try:
+        data = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return None
+    peer = (data.get("peers") or {}).get(peer_ip)
+    if peer is None:
+        return None
+    return EvpnPeer(
+        state=str(peer.get("state", "")),
+        pfx_rcd=int(peer.get("pfxRcd", 0) or 0),
+        pfx_snt=int(peer.get("pfxSnt", 0) or 0),
+    )
+
+
+def verify_verdict(peer: EvpnPeer | None, peer_ip: str, expect_routes: bool) -> str | None:
+    """None when verified, else the reason (shown to the operator verbatim)."""
+    if peer is None:
+        return f"BGP neighbor {peer_ip} not configured for l2vpn evpn"
+    if peer.state != "Established":
+        return f"BGP neighbor {peer_ip} not Established (state {peer.state or 'unknown'})"
+    if expect_routes and peer.pfx_snt < 1:
+        return f"no EVPN routes advertised to {peer_ip} yet"
+    return None
+
+
+# -- post-deploy checklist -----------------------------------------------------------------
+
+
+class StepStatus(StrEnum):
+    PASSED = "passed"
+    FAILED = "failed"
+    WARNING = "warning"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChecklistStep:
+    step_id: str
+    status: StepStatus
+    message: str
+    progress: int
+
+
+def postdeploy_checklist(
+    facts: NodeFacts,
+    evpn_summary_json: str,
+    *,
+    peer_ip: str,
+    vnis: tuple[int, ...],
+    vxlan_mtu: int,
+    underlay_iface: str | None,
+    expected_vtep_ip: str | None = None,
+) -> list[ChecklistStep]:
+    """Five checks a user can act on; each passes or says why not."""
+
+    def step(step_id: str, ok: bool, good: str, bad: str, *, warn: bool = False) -> ChecklistStep:
+        if ok:
+            return ChecklistStep(step_id, StepStatus.PASSED, good, 100)
+        return ChecklistStep(step_id, StepStatus.WARNING if warn else StepStatus.FAILED, bad, 0)
+
+    steps = [
+        step(
+            "frr_installed",
+            facts.frr_installed and facts.frr_running,
+            "FRR installed and running",
+            "FRR not installed" if not facts.frr_installed else "FRR installed but not running",
+        )
+    ]
+    vtep = facts.interfaces.get("vtep0")
+    vtep_ok = vtep is not None and vtep.up and bool(vtep.ipv4)
+    if vtep_ok and expected_vtep_ip and facts.vtep_ip != expected_vtep_ip:
+        steps.append(
+            step("vtep0_up", False, "", f"vtep0 has {facts.vtep_ip}, expected {expected_vtep_ip}")
+        )
+    else:
+        steps.append(
+            step(
+                "vtep0_up",
+                vtep_ok,
+                f"vtep0 up with {facts.vtep_ip}",
+                "vtep0 missing" if vtep is None else "vtep0 down or without address",
+            )
+        )
+    peer = parse_evpn_summary(evpn_summary_json, peer_ip)
+    established = peer is not None and peer.state == "Established"
+    steps.append(
+        step(
+            "bgp_established",
+            established,
+            f"BGP EVPN session to {peer_ip} Established",
+            verify_verdict(peer, peer_ip, False) or "",
+        )
+    )
+    routes = peer.pfx_rcd + peer.pfx_snt if peer else 0
+    steps.append(
+        step(
+            "evpn_routes",
+            established and (routes > 0 or not vnis),
+            f"EVPN routes exchanged ({peer.pfx_snt if peer else 0} sent, {peer.pfx_rcd if peer else 0} received)",
+            "no EVPN routes exchanged with the route reflector",
+        )
+    )
+    under = facts.interfaces.get(underlay_iface or "")
+    if under is None:
+        steps.append(step("mtu_consistent", False, "", "underlay interface not found"))
+    else:
+        want_overlay = overlay_mtu(vxlan_mtu, under.mtu)
+        bad_overlay = [
+            f"{n} {facts.interfaces[n].mtu}"
+            for v in vnis
+            for n in (f"vxlan{v}", f"br{v}")
+            if n in facts.interfaces and facts.interfaces[n].mtu != want_overlay
+        ]
+        if under.mtu < vxlan_mtu:
+            msg = f"underlay {under.name} MTU {under.mtu} is below the fabric vxlan_mtu {vxlan_mtu}"
+            steps.append(step("mtu_consistent", False, "", msg))
+        else:
+            steps.append(
+                step(
+                    "mtu_consistent",
+                    not bad_overlay,
+                    f"underlay MTU {under.mtu}, overlay MTU {want_overlay}",
+                    f"overlay MTU differs from {want_overlay}: {', '.join(bad_overlay)}",
+                )
+            )
+    return steps

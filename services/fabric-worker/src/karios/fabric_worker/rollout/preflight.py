@@ -1,0 +1,183 @@
+"""Preflight: read-only SSH fan-out resolving each node's underlay (no kernel change).
+
+:func:`resolve_node` and :func:`summarize` are pure; :func:`preflight` does the I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections import Counter
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+
+from karios.common.errors import KariosError
+from karios.fabric_worker.rollout.errors import HostKeyChanged
+from karios.fabric_worker.rollout.facts import DISCOVER_SCRIPT, NodeFacts, find_underlay, parse_facts
+from karios.fabric_worker.rollout.intent import (
+    NodeOverride,
+    NodeTarget,
+    OverrideMode,
+    VtepPoolStatus,
+    vtep_pool_status,
+)
+from karios.fabric_worker.rollout.render import HMAC_SHA_PROBE_CONF
+from karios.fabric_worker.rollout.ssh import open_session
+
+
+class PreflightNode(BaseModel):
+    node_ip: str
+    fqdn: str = ""
+    mode: OverrideMode
+    needs_override: bool = False
+    bridge: str = ""
+    bridge_mtu: int = 0
+    underlay_ip: str = ""
+    reason: str = ""
+    host_key: str = ""  # key seen (store it when host_key_first_seen)
+    host_key_first_seen: bool = False
+    hmac_sha_capable: bool | None = None
+
+
+class MtuDrift(BaseModel):
+    node_ip: str
+    fqdn: str = ""
+    bridge: str
+    bridge_mtu: int
+
+
+class PreflightResult(BaseModel):
+    underlay_cidr: str
+    nodes: list[PreflightNode]
+    matched_bridges: list[str]
+    node_overrides: list[NodeOverride]
+    underlay_mtu: int
+    mtu_drift: list[MtuDrift]
+    vtep_pool: VtepPoolStatus
+    ready: bool
+    frr_hmac_sha_capable: bool | None  # None: no node could be probed
+
+
+def resolve_node(
+    target: NodeTarget, facts: NodeFacts, underlay_cidr: str, override: NodeOverride | None
+) -> PreflightNode:
+    """reuse: a bridge holds an address in the CIDR; override: the operator named the
+    underlay and it exists; otherwise needs_override with the reason."""
+    base = {"node_ip": target.node_ip, "fqdn": target.fqdn or facts.hostname}
+    if override is not None:
+        iface = facts.interfaces.get(override.underlay_bridge_name or override.underlay_iface_hint)
+        name = override.underlay_bridge_name or override.underlay_iface_hint
+        if iface is None:
+            return PreflightNode(
+                **base, mode="needs_override", needs_override=True, reason=f"override names {name!r}, absent"
+            )
+        return PreflightNode(
+            **base, mode="override", bridge=iface.name, bridge_mtu=iface.mtu, underlay_ip=override.underlay_ip
+        )
+    matches = find_underlay(facts, underlay_cidr)
+    bridges = [m for m in matches if m.is_bridge]
+    if bridges:
+        m = bridges[0]
+        return PreflightNode(**base, mode="reuse", bridge=m.iface, bridge_mtu=m.mtu, underlay_ip=m.underlay_ip)
+    if matches:
+        m = matches[0]
+        reason = f"{m.underlay_ip} is on {m.iface}, which is not a bridge"
+    else:
+        reason = f"no interface has an IPv4 address in {underlay_cidr}"
+    return PreflightNode(**base, mode="needs_override", needs_override=True, reason=reason)
+
+
+def summarize(
+    nodes: list[PreflightNode],
+    *,
+    underlay_cidr: str,
+    overrides: Sequence[NodeOverride],
+    router_id_base: str,
+    router_id_prefix_len: int,
+    expected_nodes: int,
+) -> PreflightResult:
+    reuse = [n for n in nodes if n.mode == "reuse"]
+    mtus = Counter(n.bridge_mtu for n in reuse)
+    if len(mtus) == 1:
+        underlay_mtu, drift = next(iter(mtus)), []
+    else:
+        underlay_mtu = 0
+        drift = [MtuDrift(node_ip=n.node_ip, fqdn=n.fqdn, bridge=n.bridge, bridge_mtu=n.bridge_mtu) for n in reuse]
+    probes = [n.hmac_sha_capable for n in nodes if n.hmac_sha_capable is not None]
+    return PreflightResult(
+        underlay_cidr=underlay_cidr,
+        nodes=nodes,
+        matched_bridges=sorted({n.bridge for n in reuse}),
+        node_overrides=list(overrides),
+        underlay_mtu=underlay_mtu,
+        mtu_drift=drift,
+        vtep_pool=vtep_pool_status(router_id_base, router_id_prefix_len, expected_nodes or len(nodes)),
+        ready=bool(nodes) and all(n.mode in ("reuse", "override") for n in nodes),
+        frr_hmac_sha_capable=all(probes) if probes else None,
+    )
+
+
+HMAC_PROBE_COMMAND = (
+    "command -v vtysh >/dev/null || { echo absent; exit 0; }; "
+    "f=$(mktemp) && cat > $f && if vtysh -C -f $f >/dev/null 2>&1; then echo yes; else echo no; fi; rm -f $f"
+)
+
+
+async def probe_node(
+    target: NodeTarget, underlay_cidr: str, override: NodeOverride | None, *, timeout: float
+) -> PreflightNode:
+    """SSH to one node: discover, resolve the underlay, probe FRR's HMAC-SHA support."""
+    try:
+        async with asyncio.timeout(timeout):
+            async with open_session(target, connect_timeout=min(timeout, 10.0)) as s:
+                facts = parse_facts((await s.run(DISCOVER_SCRIPT)).stdout)
+                probe = (await s.run(HMAC_PROBE_COMMAND, input=HMAC_SHA_PROBE_CONF)).stdout.strip()
+                node = resolve_node(target, facts, underlay_cidr, override)
+                return node.model_copy(
+                    update={
+                        "host_key": s.host_key,
+                        "host_key_first_seen": s.host_key_first_seen,
+                        "hmac_sha_capable": {"yes": True, "no": False}.get(probe),
+                    }
+                )
+    except TimeoutError:
+        reason = f"no answer within {timeout:.0f} s"
+    except HostKeyChanged as exc:
+        reason = exc.message
+    except KariosError as exc:
+        reason = exc.message
+    except ValueError as exc:  # discovery output we cannot parse
+        reason = f"unexpected discovery output: {exc}"
+    return PreflightNode(node_ip=target.node_ip, fqdn=target.fqdn, mode="unreachable", reason=reason)
+
+
+async def preflight(
+    nodes: Sequence[NodeTarget],
+    *,
+    underlay_cidr: str,
+    router_id_base: str,
+    router_id_prefix_len: int,
+    node_overrides: Sequence[NodeOverride] = (),
+    expected_nodes: int = 0,
+    concurrency: int = 16,
+    per_node_timeout: float = 20.0,
+) -> PreflightResult:
+    """Read-only fan-out over `nodes` (bounded by `concurrency`, each within `per_node_timeout`)."""
+    cidr = str(ipaddress.IPv4Network(underlay_cidr, strict=False))
+    by_ip = {o.node_ip: o for o in node_overrides}
+    sem = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(t: NodeTarget) -> PreflightNode:
+        async with sem:
+            return await probe_node(t, cidr, by_ip.get(t.node_ip), timeout=per_node_timeout)
+
+    results = await asyncio.gather(*(one(t) for t in nodes))
+    return summarize(
+        list(results),
+        underlay_cidr=cidr,
+        overrides=node_overrides,
+        router_id_base=router_id_base,
+        router_id_prefix_len=router_id_prefix_len,
+        expected_nodes=expected_nodes,
+    )

@@ -1,0 +1,122 @@
+"""asyncssh adapter: connect with host-key verification, run commands, translate errors once.
+
+Command output is scrubbed of the intent's secrets before it can reach an error message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Iterable
+
+import asyncssh
+
+from karios.fabric_worker.rollout.errors import HostKeyChanged, NodeCommandFailed, NodeUnreachable
+from karios.fabric_worker.rollout.intent import NodeTarget
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """Replace every secret in `text` by `***` (longest first, so overlapping secrets go too)."""
+    for s in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(s, "***")
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandResult:
+    exit_status: int
+    stdout: str
+    stderr: str
+
+
+class NodeSession:
+    """One SSH connection to a node."""
+
+    def __init__(self, target: NodeTarget, conn: asyncssh.SSHClientConnection, secrets: list[str]) -> None:
+        self.target = target
+        self._conn = conn
+        self._secrets = secrets
+        key = conn.get_server_host_key()
+        self.host_key = key.export_public_key("openssh").decode().strip() if key else ""
+        self.host_key_first_seen = target.known_host_key is None
+
+    async def run(
+        self, command: str, *, input: str | None = None, timeout: float = 60.0, check: bool = True
+    ) -> CommandResult:
+        """Run `command`; with `check`, a non-zero exit raises :class:`NodeCommandFailed`."""
+        try:
+            res = await asyncio.wait_for(self._conn.run(command, input=input, check=False), timeout)
+        except TimeoutError:
+            raise NodeCommandFailed(f"{self.target.label}: command timed out after {timeout:.0f} s") from None
+        except (asyncssh.Error, OSError) as exc:
+            raise NodeCommandFailed(f"{self.target.label}: SSH session failed: {exc}") from None
+        out = CommandResult(
+            exit_status=res.exit_status if res.exit_status is not None else -1,
+            stdout=str(res.stdout or ""),
+            stderr=str(res.stderr or ""),
+        )
+        if check and out.exit_status != 0:
+            detail = redact((out.stderr or out.stdout).strip(), self._secrets)[-500:]
+            first = command.strip().splitlines()[0][:80]
+            raise NodeCommandFailed(f"{self.target.label}: `{first}` exited {out.exit_status}: {detail}")
+        return out
+
+    async def close(self) -> None:
+        self._conn.close()
+        with contextlib.suppress(Exception):
+            await self._conn.wait_closed()
+
+
+def _known_hosts(target: NodeTarget):
+    if target.known_host_key is None:
+        return None  # first contact: accept and report the key for the caller to store
+    try:
+        key = asyncssh.import_public_key(target.known_host_key)
+    except (asyncssh.KeyImportError, ValueError):
+        raise HostKeyChanged(f"{target.label}: stored host key is not a valid public key") from None
+    return ([key], [], [])
+
+
+@contextlib.asynccontextmanager
+async def open_session(
+    target: NodeTarget, *, connect_timeout: float = 10.0, secrets: list[str] | None = None
+) -> AsyncIterator[NodeSession]:
+    """Connect to `target`; raises NodeUnreachable or HostKeyChanged (nothing ran on the node)."""
+    keys = []
+    if target.private_key is not None:
+        try:
+            keys.append(asyncssh.import_private_key(target.private_key.get_secret_value()))
+        except (asyncssh.KeyImportError, ValueError):
+            raise NodeUnreachable(f"{target.label}: the stored SSH private key cannot be read") from None
+    try:
+        conn = await asyncio.wait_for(
+            asyncssh.connect(
+                target.host,
+                target.ssh_port,
+                username=target.username,
+                client_keys=keys or None,
+                password=target.password.get_secret_value() if target.password else None,
+                known_hosts=_known_hosts(target),
+                config=None,
+                agent_path=None,
+                connect_timeout=connect_timeout,
+                login_timeout=connect_timeout,
+            ),
+            connect_timeout + 1,
+        )
+    except asyncssh.HostKeyNotVerifiable:
+        raise HostKeyChanged(
+            f"{target.label}: host key changed (does not match the stored key); refusing to connect"
+        ) from None
+    except asyncssh.PermissionDenied:
+        raise NodeUnreachable(f"{target.label}: SSH authentication failed") from None
+    except TimeoutError:
+        raise NodeUnreachable(f"{target.label}: SSH connect timed out after {connect_timeout:.0f} s") from None
+    except (asyncssh.Error, OSError) as exc:
+        raise NodeUnreachable(f"{target.label}: SSH connect failed: {exc}") from None
+    session = NodeSession(target, conn, list(secrets or []))
+    try:
+        yield session
+    finally:
+        await session.close()

@@ -1,0 +1,321 @@
+"""Generic Redfish virtual-media driver on httpx (the adapter; errors translated here, once).
+
+Mount = discover (follow links) → eject what is inserted → insert → read back → one-time boot
+override to CD (UEFI) → reset (On or ForceRestart) → poll power state with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import httpx
+
+from karios.common.errors import KariosError, PermanentFailure, UpstreamError
+from karios.common.telemetry import get_logger
+from karios.provisioner.drivers.quirks import Quirks
+
+log = get_logger(__name__)
+ROOT = "/redfish/v1"
+
+
+@dataclass
+class BmcEndpoint:
+    bmc_ip: str
+    base_url: str  # e.g. https://10.0.0.5
+    username: str = ""
+    password: str = ""  # plaintext only in memory of the provisioner; never logged
+    verify_tls: bool = False
+    system_id: str = ""  # pick this member of Systems (default: the first)
+    timeout: float = 10.0
+    retries: int = 3
+    backoff: float = 0.5
+    power_deadline: float = 60.0
+
+    def __repr__(self) -> str:  # keeps the password out of tracebacks and logs
+        return f"BmcEndpoint(bmc_ip={self.bmc_ip!r}, base_url={self.base_url!r}, username={self.username!r})"
+
+
+def _error_text(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:200]
+    err = body.get("error", {}) if isinstance(body, dict) else {}
+    infos = err.get("@Message.ExtendedInfo") or []
+    if infos and isinstance(infos, list) and isinstance(infos[0], dict):
+        first = infos[0]
+        return f"{first.get('MessageId', '')}: {first.get('Message', '')}".strip(": ")
+    return str(err.get("message") or body)[:200]
+
+
+def _empty(image: Any) -> bool:
+    return image in (None, "", "null")
+
+
+class RedfishDriver:
+    vendor: ClassVar[str] = "generic"
+    quirks: ClassVar[Quirks] = Quirks()
+
+    def __init__(self, ep: BmcEndpoint, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.ep = ep
+        self.client = httpx.AsyncClient(
+            base_url=ep.base_url, verify=ep.verify_tls, timeout=ep.timeout, transport=transport,
+            follow_redirects=True, headers={"Accept": "application/json"},
+        )
+        self._session_tried = False
+        self.calls: list[tuple[str, str]] = []
+
+    async def close(self) -> None:
+        if "X-Auth-Token" in self.client.headers and self._session_uri:
+            try:
+                await self.client.delete(self._session_uri)
+            except httpx.HTTPError:
+                pass
+        await self.client.aclose()
+
+    async def __aenter__(self) -> RedfishDriver:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- HTTP ---------------------------------------------------------------------------
+    _session_uri: str = ""
+
+    def _path(self, uri: str) -> str:
+        if self.quirks.strip_trailing_slash and uri.endswith("/") and uri != "/":
+            uri = uri.rstrip("/")
+        return uri
+
+    async def _login(self) -> None:
+        """Session auth (X-Auth-Token), falling back to basic auth when the BMC has no sessions."""
+        self._session_tried = True
+        if not self.ep.username:
+            return
+        try:
+            r = await self.client.post(
+                f"{ROOT}/SessionService/Sessions", json={"UserName": self.ep.username, "Password": self.ep.password}
+            )
+        except httpx.HTTPError:
+            r = None
+        if r is not None and r.status_code in (200, 201) and r.headers.get("X-Auth-Token"):
+            self.client.headers["X-Auth-Token"] = r.headers["X-Auth-Token"]
+            self._session_uri = r.headers.get("Location", "")
+        else:
+            self.client.auth = httpx.BasicAuth(self.ep.username, self.ep.password)
+
+    async def request(self, method: str, uri: str, json: Any = None) -> dict[str, Any]:
+        if not self._session_tried:
+            await self._login()
+        uri = self._path(uri)
+        last = ""
+        for attempt in range(self.ep.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.ep.backoff * 2 ** (attempt - 1))
+            self.calls.append((method, uri))
+            try:
+                r = await self.client.request(method, uri, json=json)
+            except httpx.TimeoutException:
+                last = f"timeout after {self.ep.timeout}s"
+                continue
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}"
+                continue
+            if r.status_code < 400:
+                if not r.content:
+                    return {}
+                try:
+                    body = r.json()
+                except ValueError:
+                    return {}
+                return body if isinstance(body, dict) else {}
+            last = f"HTTP {r.status_code} {_error_text(r)}"
+            transient = r.status_code >= 500 or r.status_code == 429 or (
+                r.status_code == 409 and self.quirks.retry_on_409
+            )
+            if not transient:
+                if r.status_code in (401, 403):
+                    raise PermanentFailure(f"BMC {self.ep.bmc_ip} refused the credentials ({r.status_code})")
+                raise _ClientError(r.status_code, f"BMC {self.ep.bmc_ip} {method} {uri}: {last}")
+        raise UpstreamError(f"BMC {self.ep.bmc_ip} {method} {uri} failed after {self.ep.retries + 1} tries: {last}")
+
+    async def get(self, uri: str) -> dict[str, Any]:
+        return await self.request("GET", uri)
+
+    # -- discovery ----------------------------------------------------------------------
+    async def system_uri(self) -> str:
+        root = await self.get(ROOT)
+        systems = await self.get(root.get("Systems", {}).get("@odata.id", f"{ROOT}/Systems"))
+        members = [m["@odata.id"] for m in systems.get("Members", [])]
+        if not members:
+            raise UpstreamError(f"BMC {self.ep.bmc_ip} lists no systems")
+        if self.ep.system_id:
+            for m in members:
+                if self._path(m).rsplit("/", 1)[-1] == self.ep.system_id:
+                    return self._path(m)
+            raise PermanentFailure(f"BMC {self.ep.bmc_ip} has no system {self.ep.system_id}")
+        return self._path(members[0])
+
+    async def manager_uris(self, system: dict[str, Any]) -> list[str]:
+        linked = [m["@odata.id"] for m in system.get("Links", {}).get("ManagedBy", []) if "@odata.id" in m]
+        if linked:
+            return linked
+        root = await self.get(ROOT)
+        mgrs = await self.get(root.get("Managers", {}).get("@odata.id", f"{ROOT}/Managers"))
+        return [m["@odata.id"] for m in mgrs.get("Members", [])]
+
+    async def virtual_media_collections(self, sys_uri: str) -> list[str]:
+        """VirtualMedia collections in the order this firmware wants them tried (links only)."""
+        system = await self.get(sys_uri)
+        from_system = [system["VirtualMedia"]["@odata.id"]] if "VirtualMedia" in system else []
+        from_mgr: list[str] = []
+        for m in await self.manager_uris(system):
+            mgr = await self.get(m)
+            if "VirtualMedia" in mgr:
+                from_mgr.append(mgr["VirtualMedia"]["@odata.id"])
+        order = from_system + from_mgr if self.quirks.vm_prefer == "system" else from_mgr + from_system
+        seen: list[str] = []
+        for u in order:
+            if self._path(u) not in seen:
+                seen.append(self._path(u))
+        return seen
+
+    def is_cd_slot(self, slot: dict[str, Any]) -> bool:
+        return any(t in ("CD", "DVD") for t in slot.get("MediaTypes") or [])
+
+    async def cd_slot(self, sys_uri: str) -> tuple[str, dict[str, Any]]:
+        for coll_uri in await self.virtual_media_collections(sys_uri):
+            try:
+                coll = await self.get(coll_uri)
+            except _ClientError as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            members = sorted(m["@odata.id"] for m in coll.get("Members", []))
+            for m in members:
+                slot = await self.get(m)
+                if self.is_cd_slot(slot):
+                    return self._path(m), slot
+        raise UpstreamError(f"BMC {self.ep.bmc_ip} exposes no CD/DVD virtual media slot")
+
+    # -- virtual media ------------------------------------------------------------------
+    @staticmethod
+    def action_target(slot: dict[str, Any], name: str) -> str:
+        act = (slot.get("Actions") or {}).get(f"#VirtualMedia.{name}")
+        return act.get("target", "") if isinstance(act, dict) else ""
+
+    def inserted(self, slot: dict[str, Any]) -> bool:
+        return bool(slot.get("Inserted")) or not _empty(slot.get("Image"))
+
+    async def eject(self, slot_uri: str, slot: dict[str, Any]) -> None:
+        if not self.inserted(slot):
+            return  # nothing to eject; some firmware errors on eject-when-empty
+        target = self.action_target(slot, "EjectMedia")
+        if target:
+            await self.request("POST", target, {})
+        else:
+            await self.request("PATCH", slot_uri, {"Image": None, "Inserted": False})
+
+    async def insert_params(self, slot: dict[str, Any], image: str) -> dict[str, Any]:
+        params: dict[str, Any] = {"Image": image, "Inserted": True, "WriteProtected": True}
+        if image.startswith("https:"):
+            params["TransferProtocolType"] = "HTTPS"
+        elif image.startswith("http:"):
+            params["TransferProtocolType"] = "HTTP"
+        info_uri = ((slot.get("Actions") or {}).get("#VirtualMedia.InsertMedia") or {}).get("@Redfish.ActionInfo")
+        if info_uri:
+            try:
+                info = await self.get(info_uri)
+                allowed = {p.get("Name") for p in info.get("Parameters", [])}
+                params = {k: v for k, v in params.items() if k in allowed or k == "Image"}
+            except _ClientError:
+                pass
+        return {k: v for k, v in params.items() if k not in self.quirks.insert_omit}
+
+    async def insert(self, slot_uri: str, slot: dict[str, Any], image: str) -> None:
+        target = self.action_target(slot, "InsertMedia")
+        if target:
+            await self.request("POST", target, await self.insert_params(slot, image))
+        else:
+            await self.request("PATCH", slot_uri, {"Image": image, "Inserted": True})
+
+    async def mount(self, image: str) -> str:
+        """Insert ``image`` into the CD slot and read it back. Returns the slot URI."""
+        sys_uri = await self.system_uri()
+        slot_uri, slot = await self.cd_slot(sys_uri)
+        await self.eject(slot_uri, slot)
+        if self.inserted(slot):
+            slot = await self.get(slot_uri)
+        await self.insert(slot_uri, slot, image)
+        back = await self.get(slot_uri)
+        if back.get("Image") != image and not str(back.get("Image") or "").endswith(image.rsplit("/", 1)[-1]):
+            raise UpstreamError(
+                f"BMC {self.ep.bmc_ip} reports Image={back.get('Image')!r} after inserting the medium"
+            )
+        if back.get("Inserted") is False:
+            raise UpstreamError(f"BMC {self.ep.bmc_ip} reports Inserted=false after inserting the medium")
+        return slot_uri
+
+    async def unmount(self) -> None:
+        sys_uri = await self.system_uri()
+        slot_uri, slot = await self.cd_slot(sys_uri)
+        await self.eject(slot_uri, slot)
+
+    # -- boot and power -----------------------------------------------------------------
+    def boot_body(self, system: dict[str, Any]) -> dict[str, Any]:
+        boot = system.get("Boot", {})
+        body: dict[str, Any] = {"BootSourceOverrideTarget": "Cd", "BootSourceOverrideEnabled": self.quirks.boot_enabled}
+        modes = boot.get("BootSourceOverrideMode@Redfish.AllowableValues")
+        if "BootSourceOverrideMode" in boot and (not modes or "UEFI" in modes):
+            body["BootSourceOverrideMode"] = "UEFI"
+        return {"Boot": body}
+
+    async def set_boot_cd_once(self) -> None:
+        sys_uri = await self.system_uri()
+        system = await self.get(sys_uri)
+        await self.request("PATCH", sys_uri, self.boot_body(system))
+        back = (await self.get(sys_uri)).get("Boot", {})
+        if back.get("BootSourceOverrideTarget") != "Cd":
+            raise UpstreamError(
+                f"BMC {self.ep.bmc_ip} reports boot target {back.get('BootSourceOverrideTarget')!r} after setting Cd"
+            )
+
+    async def clear_boot_override(self) -> None:
+        sys_uri = await self.system_uri()
+        await self.request("PATCH", sys_uri, {"Boot": {"BootSourceOverrideEnabled": "Disabled"}})
+
+    async def reset_into_media(self) -> str:
+        sys_uri = await self.system_uri()
+        system = await self.get(sys_uri)
+        reset = (system.get("Actions") or {}).get("#ComputerSystem.Reset") or {}
+        target = reset.get("target") or f"{sys_uri}/Actions/ComputerSystem.Reset"
+        allowed = reset.get("ResetType@Redfish.AllowableValues")
+        kind = "ForceRestart" if system.get("PowerState") == "On" else "On"
+        if allowed and kind not in allowed:
+            kind = "PowerCycle" if kind == "ForceRestart" and "PowerCycle" in allowed else "ForceOn"
+        await self.request("POST", target, {"ResetType": kind})
+        return kind
+
+    async def wait_power_on(self) -> None:
+        sys_uri = await self.system_uri()
+        deadline = time.monotonic() + self.ep.power_deadline
+        while True:
+            if (await self.get(sys_uri)).get("PowerState") == "On":
+                return
+            if time.monotonic() > deadline:
+                raise UpstreamError(f"BMC {self.ep.bmc_ip}: power did not come on within {self.ep.power_deadline}s")
+            await asyncio.sleep(0.5)
+
+
+class _ClientError(KariosError):
+    """A 4xx from the BMC (not retried)."""
+
+    code = "BMC_REJECTED"
+    http_status = 502
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status

@@ -1,0 +1,39 @@
+"""Tables owned by the provisioner (schema ``provision``)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+SCHEMA = "provision"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Job(SQLModel, table=True):
+    """One provisioning attempt. The installer token is stored as its SHA-256 only."""
+
+    __tablename__ = "jobs"
+    __table_args__ = {"schema": SCHEMA}
+
+    id: str = Field(primary_key=True, max_length=64)
+    job_type: str = Field(default="provision", max_length=32)
+    parent_id: str = Field(default="", max_length=64)
+    bmc_ip: str = Field(max_length=64, index=True)
+    vendor: str = Field(default="", max_length=32)
+    hostname: str = Field(default="", max_length=255)
+    state: str = Field(default="queued", max_length=32)
+    message: str = Field(default="")
+    percent: int = 0
+    token_hash: str = Field(default="", max_length=64)
+    os_ip: str = Field(default="", max_length=64)
+    os_password_enc: str | None = None
+    stage_deadline: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
+    spec: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+    updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))

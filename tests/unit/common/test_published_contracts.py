@@ -1,0 +1,29 @@
+"""The published OpenAPI documents must match the code (regenerate with the command in the message)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from karios.common.settings import KariosSettings
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize(
+    ("module", "path", "cmd"),
+    [
+        (
+            "karios.api_gateway.app",
+            "docs/openapi/gateway.json",
+            "uv run karios openapi api-gateway > docs/openapi/gateway.json",
+        ),
+    ],
+)
+def test_published_openapi_is_current(module, path, cmd):
+    create_app = __import__(module, fromlist=["create_app"]).create_app
+    current = create_app(KariosSettings(dev_mode=True)).openapi()
+    published = json.loads((ROOT / path).read_text())
+    assert published == json.loads(json.dumps(current)), f"{path} is stale: run `{cmd}`"
