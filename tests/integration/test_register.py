@@ -103,3 +103,23 @@ async def test_register_without_inventory_is_503_not_500(settings, serve):
         r = await c.post("/controlnode/register", json={"bmc_ip": "10.0.0.1"}, headers=ADMIN)
     assert r.status_code == 503
     assert r.json()["code"] == "SERVICE_UNAVAILABLE"
+
+
+async def test_trace_context_flows_from_http_through_the_bus_into_the_event(settings, serve):
+    await serve(inventory_app(settings))
+    gw = await serve(gateway_app(settings))
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    async with httpx.AsyncClient(base_url=gw.url) as c:
+        reader = asyncio.create_task(read_sse(c, "/controlnode/events", 1))
+        await asyncio.sleep(0.5)
+        r = await c.post(
+            "/controlnode/register",
+            json={"bmc_ip": "10.0.0.7"},
+            headers={**ADMIN, "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
+        )
+        assert r.status_code == 200
+        [ev] = await asyncio.wait_for(reader, 10)
+    env = json.loads(ev["data"])
+    assert env["traceparent"].split("-")[1] == trace_id
+    m = (await httpx.AsyncClient().get(f"{gw.url}/metrics")).text
+    assert 'karios_http_requests_total{method="POST",route="/controlnode/register",status="200"} 1.0' in m

@@ -7,21 +7,29 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
+from fastapi import FastAPI, Request, Response
+from opentelemetry import trace
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from karios.common.bus.runtime import Bus
 from karios.common.db import Database
 from karios.common.db.migrate import ensure_database, upgrade
 from karios.common.http import add_ops_routes, install_error_handlers
 from karios.common.settings import KariosSettings
-from karios.common.telemetry import get_logger, new_registry, setup_logging, setup_tracing
+from karios.common.telemetry import (
+    context_from_headers,
+    get_logger,
+    new_registry,
+    setup_logging,
+    setup_tracing,
+)
 
 Hook = Callable[["ServiceRuntime"], Awaitable[None]]
 
@@ -100,6 +108,37 @@ def build_app(
 
     app = FastAPI(title=title, description=description, version=version, lifespan=lifespan)
     app.state.runtime = runtime
+    _instrument_http(app, runtime)
     install_error_handlers(app)
     add_ops_routes(app, runtime.ready, runtime.registry)
     return app
+
+
+def _instrument_http(app: FastAPI, runtime: ServiceRuntime) -> None:
+    """One span per request (continuing an incoming ``traceparent``) and RED metrics by route."""
+    requests = Counter(
+        "karios_http_requests_total",
+        "HTTP requests",
+        ["route", "method", "status"],
+        registry=runtime.registry,
+    )
+    duration = Histogram(
+        "karios_http_request_duration_seconds",
+        "HTTP request duration",
+        ["route", "method"],
+        registry=runtime.registry,
+    )
+    tracer = trace.get_tracer(f"karios.{runtime.name}")
+
+    @app.middleware("http")
+    async def _observe(request: Request, call_next):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        ctx = context_from_headers(request.headers)
+        with tracer.start_as_current_span(f"{request.method} {request.url.path}", context=ctx) as span:
+            response: Response = await call_next(request)
+            span.set_attribute("http.status_code", response.status_code)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        requests.labels(path, request.method, str(response.status_code)).inc()
+        duration.labels(path, request.method).observe(time.perf_counter() - start)
+        return response

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from karios.api_gateway.auth import Role, create_token
 from karios.api_gateway.events import EventRelay
 from karios.api_gateway.models import SCHEMA
+from karios.api_gateway.readmodel import ProvisionProjector
 from karios.api_gateway.routes import ROUTERS
 from karios.common.crypto import SecretBox
 from karios.common.service import ServiceRuntime, build_app
@@ -31,8 +32,12 @@ def create_app(settings: KariosSettings | None = None) -> FastAPI:
                 rt.db, "bootstrap-admin", Role.fabric_admin, settings.bootstrap_admin_token.get_secret_value()
             )
         await relay.start()
+        rt.state["projector"] = ProvisionProjector(rt.bus, rt.db)
+        await rt.state["projector"].start()
 
     async def on_stop(_rt: ServiceRuntime) -> None:
+        if "projector" in rt.state:
+            await rt.state["projector"].stop()
         await relay.stop()
 
     app = build_app(

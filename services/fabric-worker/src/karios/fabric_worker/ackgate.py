@@ -41,8 +41,12 @@ def listen_range(cfg: FabricConfigFields) -> str:
 
 
 def evaluate(
-    stored: FabricConfigFields | None, merged: FabricConfigFields, inp: FabricConfigInput, *,
-    caller: str, caller_role: str,
+    stored: FabricConfigFields | None,
+    merged: FabricConfigFields,
+    inp: FabricConfigInput,
+    *,
+    caller: str,
+    caller_role: str,
 ) -> AckRecord | None:
     """None: no gate applies. An :class:`AckRecord`: the move is acknowledged. Raises 409 otherwise."""
     if stored is None:
@@ -57,7 +61,9 @@ def evaluate(
     }
     ack_nos = (inp.switch_nos or merged.fabric_switch_nos or "other").strip().lower()
     if ack_nos not in snippets:
-        raise ValidationFailed(f"switch_nos: {ack_nos!r} is not one of {', '.join(SWITCH_NOS)}", field="switch_nos")
+        raise ValidationFailed(
+            f"switch_nos: {ack_nos!r} is not one of {', '.join(SWITCH_NOS)}", field="switch_nos"
+        )
     expected = snippets[ack_nos]["switch_snippet_hash"]
     details = {
         "old_listen_range": old,
@@ -73,16 +79,20 @@ def evaluate(
             raise SwitchReconfigAckRequired(
                 f"switch_snippet_hash does not match the change {old} -> {new} on {ack_nos} "
                 "(wrong or stale): apply the snippet below and echo its hash",
-                field="switch_snippet_hash", details=details,
+                field="switch_snippet_hash",
+                details=details,
             )
         if not inp.acked_by.strip():
             raise ValidationFailed("acked_by: required with switch_acked (audit log)", field="acked_by")
-        return AckRecord(inp.acked_by.strip(), caller, caller_role, ack_nos, expected, old, new, skipped=False)
+        return AckRecord(
+            inp.acked_by.strip(), caller, caller_role, ack_nos, expected, old, new, skipped=False
+        )
     why = ""
     if inp.skip_switch_ack:
         why = f" (skip_switch_ack needs role {ADMIN_ROLE}; caller has {caller_role})"
     raise SwitchReconfigAckRequired(
         f"the VTEP pool moves from {old} to {new}: change the BGP listen range on the fabric switch, "
         f"then re-POST with switch_acked, switch_snippet_hash and acked_by{why}",
-        field="router_id_base", details=details,
+        field="router_id_base",
+        details=details,
     )

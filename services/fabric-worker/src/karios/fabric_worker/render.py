@@ -22,7 +22,13 @@ SWITCH_NOS = ("sonic", "cumulus", "nxos", "eos", "other")
 PEER_GROUP = "KARIOS-VTEPS"
 KEY_CHAIN = "KARIOS-OSPF"
 # The node-facing port each template shows (the operator repeats it for every port).
-DEFAULT_PORT = {"sonic": "Ethernet0", "cumulus": "swp1", "nxos": "Ethernet1/1", "eos": "Ethernet1", "other": "swp1"}
+DEFAULT_PORT = {
+    "sonic": "Ethernet0",
+    "cumulus": "swp1",
+    "nxos": "Ethernet1/1",
+    "eos": "Ethernet1",
+    "other": "swp1",
+}
 LISTEN_TEMPLATE = {"sonic": "frr", "other": "frr", "cumulus": "cumulus", "nxos": "nxos", "eos": "eos"}
 VERIFY = {
     "sonic": f'vtysh -c "show bgp peer-group {PEER_GROUP}"',
@@ -152,12 +158,22 @@ def _listen(nos: str, values: dict[str, Any]) -> str:
     return _env().get_template(f"listen_range/{LISTEN_TEMPLATE[nos]}.j2").render(**values)
 
 
-def listen_range_snippet(nos: str, *, asn: int, node_as: int, old_range: str, new_range: str) -> dict[str, str]:
+def listen_range_snippet(
+    nos: str, *, asn: int, node_as: int, old_range: str, new_range: str
+) -> dict[str, str]:
     """The paste-able change, its diff against the running config, the verify command, the hash."""
     common = {"asn": asn, "node_as": node_as, "peer_group": PEER_GROUP}
     snippet = _listen(nos, {**common, "old_range": old_range, "new_range": new_range})
-    before = _listen(nos, {**common, "old_range": "", "new_range": old_range}).splitlines() if old_range else []
+    before = (
+        _listen(nos, {**common, "old_range": "", "new_range": old_range}).splitlines() if old_range else []
+    )
     after = _listen(nos, {**common, "old_range": "", "new_range": new_range}).splitlines()
     diff = "\n".join(difflib.unified_diff(before, after, "running", "after", lineterm="", n=1)) + "\n"
     digest = hashlib.sha256(f"{nos}\n{old_range}\n{new_range}\n{diff}\n{snippet}".encode()).hexdigest()
-    return {"nos": nos, "diff": diff, "snippet": snippet, "verify": VERIFY[nos], "switch_snippet_hash": digest}
+    return {
+        "nos": nos,
+        "diff": diff,
+        "snippet": snippet,
+        "verify": VERIFY[nos],
+        "switch_snippet_hash": digest,
+    }

@@ -106,7 +106,9 @@ def effective_vxlan_mtu(cfg: FabricConfigFields) -> int:
 
 
 # -- merge -------------------------------------------------------------------------------------
-def merge(stored: FabricConfigFields | None, inp: FabricConfigInput, fields_set: set[str]) -> FabricConfigFields:
+def merge(
+    stored: FabricConfigFields | None, inp: FabricConfigInput, fields_set: set[str]
+) -> FabricConfigFields:
     """The config after this POST: sent fields replace stored ones; unsent ones are kept.
 
     ``router_id_cidr`` is decoded into ``router_id_base`` + ``router_id_prefix_len``; sending it
@@ -125,7 +127,11 @@ def merge(stored: FabricConfigFields | None, inp: FabricConfigInput, fields_set:
                 f"router_id_cidr: {inp.router_id_cidr} disagrees with router_id_base {inp.router_id_base}",
                 field="router_id_cidr",
             )
-        if "router_id_prefix_len" in sent and inp.router_id_prefix_len and inp.router_id_prefix_len != rid_len:
+        if (
+            "router_id_prefix_len" in sent
+            and inp.router_id_prefix_len
+            and inp.router_id_prefix_len != rid_len
+        ):
             raise ValidationFailed(
                 f"router_id_cidr: /{rid_len} disagrees with router_id_prefix_len {inp.router_id_prefix_len}",
                 field="router_id_cidr",
@@ -151,7 +157,11 @@ def rule_sizing(cfg: FabricConfigFields, _ctx: RuleContext) -> list[Violation]:
 def rule_asns(cfg: FabricConfigFields, _ctx: RuleContext) -> list[Violation]:
     out = []
     if not _asn_ok(cfg.as_):
-        why = "is AS_TRANS (23456), reserved" if cfg.as_ == AS_TRANS else "must be a 2- or 4-byte ASN 1..4294967295"
+        why = (
+            "is AS_TRANS (23456), reserved"
+            if cfg.as_ == AS_TRANS
+            else "must be a 2- or 4-byte ASN 1..4294967295"
+        )
         out.append(Violation("as", f"{cfg.as_} {why}"))
     if cfg.fabric_switch_as and not _asn_ok(cfg.fabric_switch_as):
         why = "is AS_TRANS (23456), reserved" if cfg.fabric_switch_as == AS_TRANS else "must be 1..4294967295"
@@ -164,13 +174,18 @@ def rule_addresses(cfg: FabricConfigFields, _ctx: RuleContext) -> list[Violation
     if cfg.management_cidr and parse_ipv4_cidr(cfg.management_cidr) is None:
         out.append(Violation("management_cidr", f"{cfg.management_cidr!r} is not an IPv4 CIDR"))
     if cfg.fabric_switch_peering_ip and parse_ipv4(cfg.fabric_switch_peering_ip) is None:
-        out.append(Violation("fabric_switch_peering_ip", f"{cfg.fabric_switch_peering_ip!r} is not an IPv4 address"))
+        out.append(
+            Violation("fabric_switch_peering_ip", f"{cfg.fabric_switch_peering_ip!r} is not an IPv4 address")
+        )
     if cfg.router_id_base and parse_ipv4(cfg.router_id_base) is None:
         out.append(Violation("router_id_base", f"{cfg.router_id_base!r} is not an IPv4 address"))
     if cfg.router_id_prefix_len and not MIN_VTEP_PREFIX <= cfg.router_id_prefix_len <= MAX_VTEP_PREFIX:
-        out.append(Violation(
-            "router_id_prefix_len", f"/{cfg.router_id_prefix_len} is outside /{MIN_VTEP_PREFIX}../{MAX_VTEP_PREFIX}"
-        ))
+        out.append(
+            Violation(
+                "router_id_prefix_len",
+                f"/{cfg.router_id_prefix_len} is outside /{MIN_VTEP_PREFIX}../{MAX_VTEP_PREFIX}",
+            )
+        )
     if bool(cfg.router_id_base) != bool(cfg.router_id_prefix_len):
         missing = "router_id_prefix_len" if cfg.router_id_base else "router_id_base"
         out.append(Violation(missing, "router_id_base and router_id_prefix_len are set together"))
@@ -192,9 +207,17 @@ def rule_pool_vs_management(cfg: FabricConfigFields, _ctx: RuleContext) -> list[
 def rule_switch(cfg: FabricConfigFields, _ctx: RuleContext) -> list[Violation]:
     out = []
     if cfg.fabric_switch_nos not in KNOWN_NOS:
-        out.append(Violation("fabric_switch_nos", f"{cfg.fabric_switch_nos!r} is not one of {', '.join(KNOWN_NOS[1:])}"))
+        out.append(
+            Violation(
+                "fabric_switch_nos", f"{cfg.fabric_switch_nos!r} is not one of {', '.join(KNOWN_NOS[1:])}"
+            )
+        )
     if cfg.fabric_switch_role not in ROLES:
-        out.append(Violation("fabric_switch_role", f"{cfg.fabric_switch_role!r} is not one of {', '.join(ROLES[1:])}"))
+        out.append(
+            Violation(
+                "fabric_switch_role", f"{cfg.fabric_switch_role!r} is not one of {', '.join(ROLES[1:])}"
+            )
+        )
     return out
 
 
@@ -207,23 +230,30 @@ def rule_external_rr(cfg: FabricConfigFields, _ctx: RuleContext) -> list[Violati
     if not cfg.fabric_switch_as:
         out.append(Violation("fabric_switch_as", "required when external_route_reflector is true"))
     elif cfg.as_ and cfg.fabric_switch_as != cfg.as_:
-        out.append(Violation(
-            "fabric_switch_as",
-            f"a route reflector needs iBGP: fabric_switch_as {cfg.fabric_switch_as} differs from as {cfg.as_}",
-        ))
+        out.append(
+            Violation(
+                "fabric_switch_as",
+                f"a route reflector needs iBGP: fabric_switch_as {cfg.fabric_switch_as} "
+                f"differs from as {cfg.as_}",
+            )
+        )
     if cfg.fabric_switch_nos not in EVPN_NOS:
-        out.append(Violation(
-            "fabric_switch_nos",
-            f"external_route_reflector needs a BGP-EVPN-capable NOS ({', '.join(EVPN_NOS)}), "
-            f"not {cfg.fabric_switch_nos or 'unset'!r}",
-        ))
+        out.append(
+            Violation(
+                "fabric_switch_nos",
+                f"external_route_reflector needs a BGP-EVPN-capable NOS ({', '.join(EVPN_NOS)}), "
+                f"not {cfg.fabric_switch_nos or 'unset'!r}",
+            )
+        )
     return out
 
 
 def rule_ospf(cfg: FabricConfigFields, ctx: RuleContext) -> list[Violation]:
     out = []
     if cfg.ospf_area:
-        area_ok = parse_ipv4(cfg.ospf_area) is not None or (cfg.ospf_area.isdigit() and int(cfg.ospf_area) <= ASN_MAX)
+        area_ok = parse_ipv4(cfg.ospf_area) is not None or (
+            cfg.ospf_area.isdigit() and int(cfg.ospf_area) <= ASN_MAX
+        )
         if not area_ok:
             out.append(Violation("ospf_area", f"{cfg.ospf_area!r} is not a dotted-quad or integer area id"))
     for name in ("ospf_hello_interval", "ospf_dead_interval"):
@@ -236,7 +266,9 @@ def rule_ospf(cfg: FabricConfigFields, ctx: RuleContext) -> list[Violation]:
     if cfg.ospf_auto_ref_bw and not 1 <= cfg.ospf_auto_ref_bw <= 4_294_967:
         out.append(Violation("ospf_auto_ref_bw", f"{cfg.ospf_auto_ref_bw} is outside 1..4294967 Mbit/s"))
     if cfg.ospf_fabric_interface and not IFNAME.match(cfg.ospf_fabric_interface):
-        out.append(Violation("ospf_fabric_interface", f"{cfg.ospf_fabric_interface!r} is not a Linux interface name"))
+        out.append(
+            Violation("ospf_fabric_interface", f"{cfg.ospf_fabric_interface!r} is not a Linux interface name")
+        )
     return out
 
 
@@ -248,11 +280,18 @@ def rule_ospf_auth(cfg: FabricConfigFields, ctx: RuleContext) -> list[Violation]
         return []
     out = []
     if not cfg.ospf_fabric_interface:
-        out.append(Violation(
-            "ospf_fabric_interface", f"FRR OSPF authentication is per interface: {t} needs ospf_fabric_interface"
-        ))
+        out.append(
+            Violation(
+                "ospf_fabric_interface",
+                f"FRR OSPF authentication is per interface: {t} needs ospf_fabric_interface",
+            )
+        )
     if t == "hmac-sha-256" and ctx.frr_hmac_sha_capable is not True:
-        why = "never probed: run preflight" if ctx.frr_hmac_sha_capable is None else "preflight found FRR lacks it"
+        why = (
+            "never probed: run preflight"
+            if ctx.frr_hmac_sha_capable is None
+            else "preflight found FRR lacks it"
+        )
         out.append(Violation("ospf_auth_type", f"hmac-sha-256 needs frr_hmac_sha_capable ({why})"))
     if not ctx.ospf_auth_key_set:
         out.append(Violation("ospf_auth_key", f"{t} needs an ospf_auth_key"))
@@ -261,7 +300,9 @@ def rule_ospf_auth(cfg: FabricConfigFields, ctx: RuleContext) -> list[Violation]
         if ctx.ospf_auth_key_len > limit:
             out.append(Violation("ospf_auth_key", f"{t} keys are at most {limit} characters"))
     if not 1 <= cfg.ospf_auth_key_id <= 255:
-        out.append(Violation("ospf_auth_key_id", f"{cfg.ospf_auth_key_id} is outside 1..255 ({t} needs a key id)"))
+        out.append(
+            Violation("ospf_auth_key_id", f"{cfg.ospf_auth_key_id} is outside 1..255 ({t} needs a key id)")
+        )
     return out
 
 
@@ -275,25 +316,38 @@ def rule_mtu(cfg: FabricConfigFields, ctx: RuleContext) -> list[Violation]:
     out = []
     min_mtu = MIN_TENANT_MTU + VXLAN_OVERHEAD
     if cfg.vxlan_mtu and not min_mtu <= cfg.vxlan_mtu <= MAX_MTU:
-        out.append(Violation(
-            "vxlan_mtu",
-            f"{cfg.vxlan_mtu} is outside {min_mtu}..{MAX_MTU} (the {VXLAN_OVERHEAD}-byte VXLAN overhead must "
-            f"leave at least {MIN_TENANT_MTU} bytes for tenant frames)",
-        ))
+        out.append(
+            Violation(
+                "vxlan_mtu",
+                f"{cfg.vxlan_mtu} is outside {min_mtu}..{MAX_MTU} "
+                f"(the {VXLAN_OVERHEAD}-byte VXLAN overhead must "
+                f"leave at least {MIN_TENANT_MTU} bytes for tenant frames)",
+            )
+        )
     elif ctx.underlay_mtu and effective_vxlan_mtu(cfg) != ctx.underlay_mtu:
-        out.append(Violation(
-            "vxlan_mtu",
-            f"MTU drift: {effective_vxlan_mtu(cfg)} differs from the underlay MTU {ctx.underlay_mtu} "
-            "every node reported in preflight",
-        ))
+        out.append(
+            Violation(
+                "vxlan_mtu",
+                f"MTU drift: {effective_vxlan_mtu(cfg)} differs from the underlay MTU {ctx.underlay_mtu} "
+                "every node reported in preflight",
+            )
+        )
     if cfg.public_mtu and not 576 <= cfg.public_mtu <= MAX_MTU:
         out.append(Violation("public_mtu", f"{cfg.public_mtu} is outside 576..{MAX_MTU}"))
     return out
 
 
 RULES: tuple[Rule, ...] = (
-    rule_sizing, rule_asns, rule_addresses, rule_pool_vs_management, rule_switch, rule_external_rr,
-    rule_ospf, rule_ospf_auth, rule_bgp_password, rule_mtu,
+    rule_sizing,
+    rule_asns,
+    rule_addresses,
+    rule_pool_vs_management,
+    rule_switch,
+    rule_external_rr,
+    rule_ospf,
+    rule_ospf_auth,
+    rule_bgp_password,
+    rule_mtu,
 )
 
 

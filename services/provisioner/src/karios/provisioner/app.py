@@ -1,16 +1,72 @@
-"""provisioner service (capabilities land with their issues)."""
+"""Provisioner: provision/unprovision jobs, boot media (served here with range requests), BMC drivers."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import asyncio
+import contextlib
+import re
+from pathlib import Path
 
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+
+from karios.common.contracts.provision import CallbackRequest, CancelJob, QueueQuery, StartProvision
+from karios.common.crypto import SecretBox
+from karios.common.errors import NotFound
 from karios.common.service import ServiceRuntime, build_app
 from karios.common.settings import KariosSettings
+from karios.provisioner.config import ProvisionerConfig
+from karios.provisioner.jobs import JobService
+from karios.provisioner.media import MediaBuilder
+from karios.provisioner.models import SCHEMA
 
 SERVICE = "provisioner"
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-def create_app(settings: KariosSettings | None = None) -> FastAPI:
+def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig | None = None) -> FastAPI:
     settings = settings or KariosSettings()
-    rt = ServiceRuntime(SERVICE, settings)
-    return build_app(rt, title="Karios provisioner")
+    cfg = config or ProvisionerConfig.from_env(settings)
+    rt = ServiceRuntime(SERVICE, settings, schema=SCHEMA, migrations=Path(__file__).parent / "migrations")
+    assert rt.db is not None
+    media = MediaBuilder(cfg.cache_dir, cfg.media_dir)
+    svc = JobService(rt.bus, rt.db, SecretBox.from_settings(settings), cfg, media)
+    subjects = rt.bus.subjects
+
+    async def on_start_cmd(cmd: StartProvision, _ctx) -> None:  # type: ignore[no-untyped-def]
+        await svc.handle_start(cmd)
+
+    async def on_queue(_q: QueueQuery):  # type: ignore[no-untyped-def]
+        return await svc.queue()
+
+    rt.bus.command_handler("provision", StartProvision, on_start_cmd, verb="start", concurrency=8)
+    rt.bus.query_responder(subjects.request("provision", "step"), CallbackRequest, svc.step)
+    rt.bus.query_responder(subjects.request("provision", "complete"), CallbackRequest, svc.complete)
+    rt.bus.query_responder(subjects.request("provision", "firstboot"), CallbackRequest, svc.firstboot)
+    rt.bus.query_responder(subjects.request("provision", "cancel"), CancelJob, svc.cancel)
+    rt.bus.query_responder(subjects.query("provision", "queue"), QueueQuery, on_queue)
+
+    async def on_start(_rt: ServiceRuntime) -> None:
+        rt.state["stuck_task"] = asyncio.create_task(svc.stuck_loop())
+
+    async def on_stop(_rt: ServiceRuntime) -> None:
+        task = rt.state.pop("stuck_task", None)
+        if task:
+            task.cancel()
+        for t in list(svc.tasks.values()):
+            t.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*svc.tasks.values(), return_exceptions=True)
+
+    app = build_app(rt, title="Karios provisioner", on_start=on_start, on_stop=on_stop)
+    app.state.jobs = svc
+    app.state.config = cfg
+
+    @app.get("/media/{name}.iso", summary="A job's boot medium (supports HTTP range requests)")
+    async def get_media(name: str) -> FileResponse:
+        path = media.path_of(name)
+        if not _NAME.match(name) or not path.is_file():
+            raise NotFound(f"no medium {name}")
+        return FileResponse(path, media_type="application/x-iso9660-image", filename=f"{name}.iso")
+
+    return app

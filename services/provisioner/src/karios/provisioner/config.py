@@ -15,8 +15,8 @@ from karios.common.settings import KariosSettings
 class ProvisionerConfig:
     media_url: str = ""  # base URL BMCs fetch media from (this service's own HTTP)
     callback_url: str = ""  # gateway base URL the installer calls (…/controlnode is appended)
-    cache_dir: Path = Path("/tmp/karios-provisioner/cache")
-    media_dir: Path = Path("/tmp/karios-provisioner/media")
+    cache_dir: Path = Path("provisioner-cache")
+    media_dir: Path = Path("provisioner-media")
     build_concurrency: int = 2  # media builds at once (CPU/disk bound)
     bmc_concurrency: int = 16  # BMC operations at once, all BMCs
     bmc_per_subnet: int = 4  # BMC operations at once per /24 of BMC addresses
@@ -41,9 +41,12 @@ class ProvisionerConfig:
         env = os.environ.get
         base = settings.state_dir / "provisioner"
         cfg = cls(
-            media_url=env("KARIOS_PROVISIONER_MEDIA_URL", f"http://{settings.host}:{settings.provisioner_port}"),
+            media_url=env(
+                "KARIOS_PROVISIONER_MEDIA_URL", f"http://{settings.host}:{settings.provisioner_port}"
+            ),
             callback_url=env(
-                "KARIOS_PROVISIONER_CALLBACK_URL", settings.public_url or f"http://{settings.host}:{settings.gateway_port}"
+                "KARIOS_PROVISIONER_CALLBACK_URL",
+                settings.public_url or f"http://{settings.host}:{settings.gateway_port}",
             ),
             cache_dir=Path(env("KARIOS_PROVISIONER_CACHE_DIR", str(base / "cache"))),
             media_dir=Path(env("KARIOS_PROVISIONER_MEDIA_DIR", str(base / "media"))),

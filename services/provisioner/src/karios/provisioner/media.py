@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from karios.common.errors import PermanentFailure, ValidationFailed
+from karios.common.contracts.provision import check_debian_version
+from karios.common.errors import PermanentFailure
 from karios.provisioner.cpio import gzip_overlay
 
 NETBOOT_ROOT = Path("/usr/lib/debian-installer/images")
@@ -27,8 +28,6 @@ LDLINUX = Path("/usr/lib/syslinux/modules/bios/ldlinux.c32")
 VOLUME_ID = "KARIOS"
 MARKER = ".karios-media"
 
-# Minimal OS catalog (the shared oscatalog package did not exist when this was written).
-DEBIAN_SUITES = {"12": "bookworm", "13": "trixie", "bookworm": "bookworm", "trixie": "trixie"}
 _SUITE_VERSION = {"bookworm": "12", "trixie": "13"}
 
 GRUB_STUB = f"""search --no-floppy --set=root --file /{MARKER}
@@ -38,14 +37,11 @@ configfile ($root)/boot/grub/grub.cfg
 
 
 def debian_release(version: str) -> tuple[str, str]:
-    """``debian_version`` ("12", "13", "bookworm", "12.5") → (major, suite); 422 if unknown."""
-    v = (version or "12").strip().lower()
-    key = v.split(".")[0]
-    suite = DEBIAN_SUITES.get(key)
-    if suite is None:
-        raise ValidationFailed(
-            f"debian_version: {version!r} is not supported (12/bookworm, 13/trixie)", field="debian_version"
-        )
+    """``debian_version`` ("12", "13", "bookworm", "12.5") → (major, suite); 422 if unknown.
+
+    Minimal catalog: the shared oscatalog package did not exist when this was written.
+    """
+    suite = check_debian_version(version)
     return _SUITE_VERSION[suite], suite
 
 
@@ -78,7 +74,9 @@ class MediaBuilder:
         self._lock = asyncio.Lock()
 
     def tools_missing(self) -> list[str]:
-        missing = [t for t in ("xorriso", "grub-mkstandalone", "mkfs.vfat", "mcopy", "mmd") if not shutil.which(t)]
+        missing = [
+            t for t in ("xorriso", "grub-mkstandalone", "mkfs.vfat", "mcopy", "mmd") if not shutil.which(t)
+        ]
         missing += [str(p) for p in (ISOLINUX_BIN, ISOHDPFX, LDLINUX) if not p.exists()]
         return missing
 
@@ -104,11 +102,19 @@ class MediaBuilder:
                 stub = Path(tmp) / "stub.cfg"
                 stub.write_text(GRUB_STUB)
                 efi = Path(tmp) / "bootx64.efi"
-                _run([
-                    "grub-mkstandalone", "-O", "x86_64-efi", "-o", str(efi),
-                    "--modules=part_gpt part_msdos iso9660 search search_fs_file configfile linux normal",
-                    "--locales=", "--fonts=", f"boot/grub/grub.cfg={stub}",
-                ])
+                _run(
+                    [
+                        "grub-mkstandalone",
+                        "-O",
+                        "x86_64-efi",
+                        "-o",
+                        str(efi),
+                        "--modules=part_gpt part_msdos iso9660 search search_fs_file configfile linux normal",
+                        "--locales=",
+                        "--fonts=",
+                        f"boot/grub/grub.cfg={stub}",
+                    ]
+                )
                 img = Path(tmp) / "efiboot.img"
                 size_kb = max(4096, (efi.stat().st_size // 1024) + 1024)
                 _run(["mkfs.vfat", "-C", str(img), str(size_kb)])
@@ -116,8 +122,12 @@ class MediaBuilder:
                 _run(["mcopy", "-i", str(img), str(efi), "::/EFI/BOOT/BOOTX64.EFI"])
                 os.replace(img, efiboot)  # atomic: concurrent preparers end with one complete file
         base = BaseArtifacts(
-            kernel=src / "linux", initrd=src / "initrd.gz", isolinux_bin=ISOLINUX_BIN, ldlinux=LDLINUX,
-            isohdpfx=ISOHDPFX, efiboot=efiboot,
+            kernel=src / "linux",
+            initrd=src / "initrd.gz",
+            isolinux_bin=ISOLINUX_BIN,
+            ldlinux=LDLINUX,
+            isohdpfx=ISOHDPFX,
+            efiboot=efiboot,
         )
         self._bases[key] = base
         return base
@@ -146,14 +156,37 @@ class MediaBuilder:
                 p.write_text(text)
                 grafts["/" + rel] = p
             tmp_iso = work / "out.iso"
-            _run([
-                "xorriso", "-as", "mkisofs", "-quiet", "-o", str(tmp_iso), "-V", VOLUME_ID, "-J", "-R",
-                "-isohybrid-mbr", str(base.isohdpfx),
-                "-c", "isolinux/boot.cat", "-b", "isolinux/isolinux.bin",
-                "-no-emul-boot", "-boot-load-size", "4", "-boot-info-table",
-                "-eltorito-alt-boot", "-e", "boot/efiboot.img", "-no-emul-boot", "-isohybrid-gpt-basdat",
-                "-graft-points", *[f"{k}={v}" for k, v in grafts.items()],
-            ])
+            _run(
+                [
+                    "xorriso",
+                    "-as",
+                    "mkisofs",
+                    "-quiet",
+                    "-o",
+                    str(tmp_iso),
+                    "-V",
+                    VOLUME_ID,
+                    "-J",
+                    "-R",
+                    "-isohybrid-mbr",
+                    str(base.isohdpfx),
+                    "-c",
+                    "isolinux/boot.cat",
+                    "-b",
+                    "isolinux/isolinux.bin",
+                    "-no-emul-boot",
+                    "-boot-load-size",
+                    "4",
+                    "-boot-info-table",
+                    "-eltorito-alt-boot",
+                    "-e",
+                    "boot/efiboot.img",
+                    "-no-emul-boot",
+                    "-isohybrid-gpt-basdat",
+                    "-graft-points",
+                    *[f"{k}={v}" for k, v in grafts.items()],
+                ]
+            )
             final = self.media_dir / f"{name}.iso"
             os.replace(tmp_iso, final)
             return final
@@ -173,7 +206,9 @@ class MediaBuilder:
             self.path_of(name).unlink()
 
 
-def timed_build(builder: MediaBuilder, name: str, major: str, overlay: dict[str, str], boot: dict[str, str]) -> float:
+def timed_build(
+    builder: MediaBuilder, name: str, major: str, overlay: dict[str, str], boot: dict[str, str]
+) -> float:
     t = time.perf_counter()
     builder.build(name, major, overlay, boot)
     return time.perf_counter() - t

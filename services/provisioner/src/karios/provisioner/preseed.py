@@ -13,6 +13,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from passlib.hash import sha512_crypt
 
+from karios.common.contracts.provision import POOL_TYPES, check_pool
 from karios.common.errors import ValidationFailed
 
 _ENV = Environment(
@@ -38,13 +39,7 @@ class RaidLevel:
 
 
 # pool_type (the UI's ZFS-style names) → Linux md-RAID level for the Debian installer.
-RAID_MAP: dict[str, RaidLevel] = {
-    "single": RaidLevel("single", None, 1, 1),
-    "stripe": RaidLevel("stripe", 0, 2),
-    "mirror": RaidLevel("mirror", 1, 2),
-    "raidz1": RaidLevel("raidz1", 5, 3),
-    "raidz2": RaidLevel("raidz2", 6, 4),
-}
+RAID_MAP: dict[str, RaidLevel] = {name: RaidLevel(name, *row) for name, row in POOL_TYPES.items()}
 
 
 def normalize_disk(disk: str) -> str:
@@ -56,25 +51,11 @@ def normalize_disk(disk: str) -> str:
 
 def raid_layout(pool_type: str, disks: list[str]) -> tuple[RaidLevel, list[str]]:
     """Validate ``pool_type`` against the disk count; return the level and normalized disks."""
-    level = RAID_MAP.get((pool_type or "single").lower())
-    if level is None:
-        raise ValidationFailed(
-            f"pool_type: {pool_type!r} is not one of {', '.join(RAID_MAP)}", field="pool_type"
-        )
     devs = [normalize_disk(d) for d in disks]
     if len(set(devs)) != len(devs):
         raise ValidationFailed("selected_disks: a disk is listed twice", field="selected_disks")
-    if not devs and level.pool_type == "single":
-        return level, []  # installer picks the first disk
-    if len(devs) < level.min_disks or (level.max_disks is not None and len(devs) > level.max_disks):
-        want = (
-            f"exactly {level.min_disks}" if level.max_disks == level.min_disks else f"at least {level.min_disks}"
-        )
-        raise ValidationFailed(
-            f"selected_disks: pool_type {level.pool_type} needs {want} disks, got {len(devs)}",
-            field="selected_disks",
-        )
-    return level, devs
+    name, _level = check_pool(pool_type, devs)
+    return RAID_MAP[name], devs
 
 
 def gpu_kernel_args(gpu: Any) -> list[str]:
@@ -97,10 +78,14 @@ def gpu_kernel_args(gpu: Any) -> list[str]:
         ids = [str(x) for x in (gpu.get("device_ids") or gpu.get("ids") or [])]
         iommu = str(gpu.get("iommu") or "both")
     else:
-        raise ValidationFailed("gpu_passthrough: expected true, a list of ids or an object", field="gpu_passthrough")
+        raise ValidationFailed(
+            "gpu_passthrough: expected true, a list of ids or an object", field="gpu_passthrough"
+        )
     for i in ids:
         if not _PCI_ID.match(i):
-            raise ValidationFailed(f"gpu_passthrough: {i!r} is not a vendor:device PCI id", field="gpu_passthrough")
+            raise ValidationFailed(
+                f"gpu_passthrough: {i!r} is not a vendor:device PCI id", field="gpu_passthrough"
+            )
     if iommu not in ("intel", "amd", "both"):
         raise ValidationFailed("gpu_passthrough: iommu must be intel, amd or both", field="gpu_passthrough")
     args = []

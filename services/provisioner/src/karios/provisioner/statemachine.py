@@ -58,7 +58,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     S.mounting: frozenset({S.booting}),
     S.booting: frozenset({S.installing, S.stuck}),
     S.installing: frozenset({S.installing, S.first_boot, S.stuck}),
-    S.first_boot: frozenset({S.completed, S.stuck}),
+    S.first_boot: frozenset({S.first_boot, S.completed, S.stuck}),
     S.stuck: frozenset({S.installing, S.first_boot, S.completed}),
     S.completed: frozenset(),
     S.failed: frozenset(),

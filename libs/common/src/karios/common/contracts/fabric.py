@@ -15,6 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from karios.common.contracts.base import Query
 from karios.common.errors import KariosError, register_error
 
+# AES-GCM associated data for the two secrets: a ciphertext only decrypts as what it was stored as.
+BGP_PASSWORD_CONTEXT = "fabric:bgp_password"  # noqa: S105 (a label, not a secret)
+OSPF_AUTH_KEY_CONTEXT = "fabric:ospf_auth_key"
+
 # ---------------------------------------------------------------------------------------------
 # FabricConfig
 
@@ -60,11 +64,17 @@ FabricConfigFields.PERSISTED = tuple(FabricConfigFields.model_fields)
 class FabricConfigInput(FabricConfigFields):
     """``POST /controlnode/fabric-config`` body: the fields plus write-only and transient ones."""
 
-    bgp_password: str = Field("", description="Write-only; empty = unchanged", json_schema_extra={"writeOnly": True})
-    ospf_auth_key: str = Field("", description="Write-only; empty = unchanged", json_schema_extra={"writeOnly": True})
+    bgp_password: str = Field(
+        "", description="Write-only; empty = unchanged", json_schema_extra={"writeOnly": True}
+    )
+    ospf_auth_key: str = Field(
+        "", description="Write-only; empty = unchanged", json_schema_extra={"writeOnly": True}
+    )
     clear_bgp_password: bool = Field(False, description="Remove the stored BGP password")
     clear_ospf_auth_key: bool = Field(False, description="Remove the stored OSPF key")
-    router_id_cidr: str = Field("", description='"A.B.C.D/N" instead of router_id_base + router_id_prefix_len')
+    router_id_cidr: str = Field(
+        "", description='"A.B.C.D/N" instead of router_id_base + router_id_prefix_len'
+    )
     switch_acked: bool = Field(False, description="The switch snippet of the 409 was applied")
     switch_snippet_hash: str = Field("", description="sha256 echoed from the 409 response")
     switch_nos: str = Field("", description="NOS being acked (defaults to fabric_switch_nos)")
@@ -102,7 +112,9 @@ class UpsertFabricConfig(Query):
     TYPE = "karios.fabric.upsert_config.v1"
 
     config: FabricConfigInput
-    fields_set: list[str] = Field(default_factory=list, description="Fields the caller sent (merge on update)")
+    fields_set: list[str] = Field(
+        default_factory=list, description="Fields the caller sent (merge on update)"
+    )
     bgp_password_enc: str | None = None
     ospf_auth_key_enc: str | None = None
     caller: str = ""

@@ -114,32 +114,51 @@ class JobView(BaseModel):
     message: str = ""
 
 
-# -- contracts the provisioner needs from the inventory (not answered by inventory yet) -----------
+# BMC credentials (``q.inventory.bmc_access`` → BmcAccess) and static addresses
+# (``req.inventory.allocate_ip`` → IpAllocation) are inventory contracts: see contracts/inventory.py.
 
 
-class BmcCredentialsQuery(Query):
-    """``q.inventory.bmc_credentials``: the registry's BMC user and *encrypted* password."""
+# -- rules shared by the gateway (422 at the door) and the provisioner (preseed) -----------------
 
-    TYPE = "karios.inventory.bmc_credentials_query.v1"
-    bmc_ip: str
+# pool_type (the UI's ZFS-style names) → (Linux md-RAID level, min disks, max disks).
+POOL_TYPES: dict[str, tuple[int | None, int, int | None]] = {
+    "single": (None, 1, 1),
+    "stripe": (0, 2, None),
+    "mirror": (1, 2, None),
+    "raidz1": (5, 3, None),
+    "raidz2": (6, 4, None),
+}
 
-
-class BmcCredentials(BaseModel):
-    bmc_ip: str
-    username: str = ""
-    password_enc: str = ""  # SecretBox, context "bmc:<bmc_ip>"
-
-
-class AllocateIp(Query):
-    """``req.inventory.allocate_ip``: one free address of NetBox prefix ``prefix_id`` for ``hostname``."""
-
-    TYPE = "karios.inventory.allocate_ip.v1"
-    prefix_id: int
-    hostname: str
-    mac: str = ""
+DEBIAN_SUITES = {"12": "bookworm", "13": "trixie", "bookworm": "bookworm", "trixie": "trixie"}
 
 
-class AllocatedIp(BaseModel):
-    address: str  # CIDR, e.g. 10.0.0.5/24
-    gateway: str = ""
-    nameservers: list[str] = Field(default_factory=list)
+def check_pool(pool_type: str | None, disks: list[str]) -> tuple[str, int | None]:
+    """(pool type, md level) or ValidationFailed naming ``pool_type``/``selected_disks``."""
+    from karios.common.errors import ValidationFailed
+
+    name = (pool_type or "single").lower()
+    if name not in POOL_TYPES:
+        raise ValidationFailed(
+            f"pool_type: {pool_type!r} is not one of {', '.join(POOL_TYPES)}", field="pool_type"
+        )
+    level, lo, hi = POOL_TYPES[name]
+    if not disks and name == "single":
+        return name, level
+    if len(disks) < lo or (hi is not None and len(disks) > hi):
+        want = f"exactly {lo}" if hi == lo else f"at least {lo}"
+        raise ValidationFailed(
+            f"selected_disks: pool_type {name} needs {want} disks, got {len(disks)}", field="selected_disks"
+        )
+    return name, level
+
+
+def check_debian_version(version: str | None) -> str:
+    """The suite of ``debian_version`` ("12", "13.1", "bookworm") or ValidationFailed."""
+    from karios.common.errors import ValidationFailed
+
+    key = (version or "12").strip().lower().split(".")[0]
+    if key not in DEBIAN_SUITES:
+        raise ValidationFailed(
+            f"debian_version: {version!r} is not supported (12/bookworm, 13/trixie)", field="debian_version"
+        )
+    return DEBIAN_SUITES[key]

@@ -7,7 +7,8 @@ from pydantic import BaseModel, Field
 
 from karios.api_gateway.auth import Principal, Role, require
 from karios.common.contracts.inventory import BmcHardware, BmcHardwareQuery, Disk, Gpu, Nic
-from karios.common.netaddr import IPStr
+from karios.common.errors import ValidationFailed
+from karios.common.netaddr import normalize_ip
 
 router = APIRouter(prefix="/controlnode", tags=["inventory"])
 
@@ -35,6 +36,10 @@ class BmcGpusResponse(BaseModel):
 
 
 async def _hardware(request: Request, bmc_ip: str) -> BmcHardware:
+    try:
+        bmc_ip = normalize_ip(bmc_ip)
+    except ValueError as exc:
+        raise ValidationFailed(f"bmc_ip: {exc}", field="bmc_ip") from None
     rt = request.app.state.runtime
     raw = await rt.bus.request(
         rt.bus.subjects.query("inventory", "bmc_hardware"), BmcHardwareQuery(bmc_ip=bmc_ip)
@@ -51,7 +56,7 @@ async def _hardware(request: Request, bmc_ip: str) -> BmcHardware:
 )
 async def bmc_disks(
     request: Request,
-    bmc_ip: IPStr = Path(description="BMC IP address"),
+    bmc_ip: str = Path(description="BMC IP address"),
     _p: Principal = Depends(require(Role.viewer)),
 ) -> BmcDisksResponse:
     hw = await _hardware(request, bmc_ip)
@@ -69,7 +74,7 @@ async def bmc_disks(
 )
 async def bmc_gpus(
     request: Request,
-    bmc_ip: IPStr = Path(description="BMC IP address"),
+    bmc_ip: str = Path(description="BMC IP address"),
     _p: Principal = Depends(require(Role.viewer)),
 ) -> BmcGpusResponse:
     hw = await _hardware(request, bmc_ip)

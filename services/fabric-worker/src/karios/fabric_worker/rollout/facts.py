@@ -18,7 +18,8 @@ _MARK = "@@karios:"
 DISCOVER_SCRIPT = f"""\
 echo '{_MARK}hostname'; hostname
 echo '{_MARK}links'; ip -j -d addr show
-echo '{_MARK}frr_installed'; if [ -x {FRRINIT} ] && command -v vtysh >/dev/null; then echo yes; else echo no; fi
+echo '{_MARK}frr_installed'
+if [ -x {FRRINIT} ] && command -v vtysh >/dev/null; then echo yes; else echo no; fi
 echo '{_MARK}frr_pids'
 for d in watchfrr zebra bgpd ospfd bfdd staticd; do
   p=$(cat /run/frr/$d.pid 2>/dev/null) && [ -n "$p" ] && kill -0 "$p" 2>/dev/null && echo "$d=$p"
@@ -63,9 +64,7 @@ class NodeFacts:
         return vtep.ipv4[0].split("/")[0]
 
     def vxlan_vnis(self) -> tuple[int, ...]:
-        return tuple(
-            sorted(i.vxlan_id for i in self.interfaces.values() if i.kind == "vxlan" and i.vxlan_id)
-        )
+        return tuple(sorted(i.vxlan_id for i in self.interfaces.values() if i.kind == "vxlan" and i.vxlan_id))
 
 
 class FactsParseError(ValueError):
@@ -104,7 +103,9 @@ def parse_interfaces(ip_json: str) -> dict[str, Interface]:
             up="UP" in (link.get("flags") or []),
             master=link.get("master", ""),
             ipv4=tuple(
-                f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", []) if a.get("family") == "inet"
+                f"{a['local']}/{a['prefixlen']}"
+                for a in link.get("addr_info", [])
+                if a.get("family") == "inet"
             ),
             vxlan_id=int(data["id"]) if kind == "vxlan" and "id" in data else None,
             vxlan_local=str(data.get("local", "")) if kind == "vxlan" else "",

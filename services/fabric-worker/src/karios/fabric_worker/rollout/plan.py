@@ -16,6 +16,15 @@ VXLAN_OVERHEAD = 50
 VXLAN_PORT = 4789
 
 
+# A dummy interface holds the VTEP address. Kernels built without the dummy driver (this
+# lab's VM kernel, for one) get a veth pair instead: both ends up, so the /32 is a live
+# connected route zebra can advertise.
+VTEP_CREATE = (
+    "{ ip link add vtep0 type dummy 2>/dev/null || "
+    "{ ip link add vtep0 type veth peer name vtep0p && ip link set vtep0p up; }; }"
+)
+
+
 class FrrAction(StrEnum):
     NONE = "none"
     START = "start"
@@ -53,7 +62,9 @@ def network_commands(facts: NodeFacts, want: DesiredNetwork) -> list[str]:
         if vni in wanted:
             continue
         vx, br = ifs.get(f"vxlan{vni}"), ifs.get(f"br{vni}")
-        ours = vni in want.managed_vnis or (want.vtep_ip is not None and vx is not None and vx.vxlan_local == want.vtep_ip)
+        ours = vni in want.managed_vnis or (
+            want.vtep_ip is not None and vx is not None and vx.vxlan_local == want.vtep_ip
+        )
         if vx is not None and vx.vxlan_id == vni and ours:
             cmds.append(f"ip link del vxlan{vni}")
             if br is not None and br.kind == "bridge":
@@ -64,7 +75,7 @@ def network_commands(facts: NodeFacts, want: DesiredNetwork) -> list[str]:
         return cmds
     vtep = ifs.get("vtep0")
     if vtep is None:
-        cmds.append("ip link add vtep0 type dummy")
+        cmds.append(VTEP_CREATE)
     if vtep is None or set(vtep.ipv4) != {f"{want.vtep_ip}/32"}:
         if vtep is not None:
             cmds.append("ip -4 addr flush dev vtep0")
@@ -144,7 +155,9 @@ def frr_plan(facts: NodeFacts, files: dict[str, str]) -> FrrPlan:
 
 def frr_rollback_plan(baseline: NodeFacts, current: NodeFacts) -> FrrPlan:
     """Restore the baseline's files byte for byte and its running state."""
-    writes = {n: baseline.files.get(n) for n in MANAGED_FILES if current.files.get(n) != baseline.files.get(n)}
+    writes = {
+        n: baseline.files.get(n) for n in MANAGED_FILES if current.files.get(n) != baseline.files.get(n)
+    }
     if baseline.frr_running:
         if not current.frr_running:
             action = FrrAction.START
@@ -184,8 +197,8 @@ export DEBIAN_FRONTEND=noninteractive
 for f in /etc/frr/frr.conf /etc/frr/daemons; do
   dpkg-divert --local --rename --divert "$f.dpkg-dist" --add "$f" >/dev/null
 done
-apt-get -q -y -o DPkg::Lock::Timeout=300 install frr frr-pythontools >/dev/null || {
-  apt-get -q update >/dev/null && apt-get -q -y -o DPkg::Lock::Timeout=300 install frr frr-pythontools >/dev/null; }
+install() { apt-get -q -y -o DPkg::Lock::Timeout=300 install frr frr-pythontools >/dev/null; }
+install || { apt-get -q update >/dev/null && install; }
 test -x /usr/lib/frr/frrinit.sh
 """
 
@@ -272,9 +285,7 @@ def postdeploy_checklist(
     vtep = facts.interfaces.get("vtep0")
     vtep_ok = vtep is not None and vtep.up and bool(vtep.ipv4)
     if vtep_ok and expected_vtep_ip and facts.vtep_ip != expected_vtep_ip:
-        steps.append(
-            step("vtep0_up", False, "", f"vtep0 has {facts.vtep_ip}, expected {expected_vtep_ip}")
-        )
+        steps.append(step("vtep0_up", False, "", f"vtep0 has {facts.vtep_ip}, expected {expected_vtep_ip}"))
     else:
         steps.append(
             step(
@@ -299,7 +310,8 @@ def postdeploy_checklist(
         step(
             "evpn_routes",
             established and (routes > 0 or not vnis),
-            f"EVPN routes exchanged ({peer.pfx_snt if peer else 0} sent, {peer.pfx_rcd if peer else 0} received)",
+            f"EVPN routes exchanged ({peer.pfx_snt if peer else 0} sent, "
+            f"{peer.pfx_rcd if peer else 0} received)",
             "no EVPN routes exchanged with the route reflector",
         )
     )

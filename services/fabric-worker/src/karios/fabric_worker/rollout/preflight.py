@@ -79,7 +79,9 @@ def resolve_node(
     bridges = [m for m in matches if m.is_bridge]
     if bridges:
         m = bridges[0]
-        return PreflightNode(**base, mode="reuse", bridge=m.iface, bridge_mtu=m.mtu, underlay_ip=m.underlay_ip)
+        return PreflightNode(
+            **base, mode="reuse", bridge=m.iface, bridge_mtu=m.mtu, underlay_ip=m.underlay_ip
+        )
     if matches:
         m = matches[0]
         reason = f"{m.underlay_ip} is on {m.iface}, which is not a bridge"
@@ -103,7 +105,9 @@ def summarize(
         underlay_mtu, drift = next(iter(mtus)), []
     else:
         underlay_mtu = 0
-        drift = [MtuDrift(node_ip=n.node_ip, fqdn=n.fqdn, bridge=n.bridge, bridge_mtu=n.bridge_mtu) for n in reuse]
+        drift = [
+            MtuDrift(node_ip=n.node_ip, fqdn=n.fqdn, bridge=n.bridge, bridge_mtu=n.bridge_mtu) for n in reuse
+        ]
     probes = [n.hmac_sha_capable for n in nodes if n.hmac_sha_capable is not None]
     return PreflightResult(
         underlay_cidr=underlay_cidr,
@@ -125,12 +129,12 @@ HMAC_PROBE_COMMAND = (
 
 
 async def probe_node(
-    target: NodeTarget, underlay_cidr: str, override: NodeOverride | None, *, timeout: float
+    target: NodeTarget, underlay_cidr: str, override: NodeOverride | None, *, limit_s: float
 ) -> PreflightNode:
     """SSH to one node: discover, resolve the underlay, probe FRR's HMAC-SHA support."""
     try:
-        async with asyncio.timeout(timeout):
-            async with open_session(target, connect_timeout=min(timeout, 10.0)) as s:
+        async with asyncio.timeout(limit_s):
+            async with open_session(target, connect_timeout=min(limit_s, 10.0)) as s:
                 facts = parse_facts((await s.run(DISCOVER_SCRIPT)).stdout)
                 probe = (await s.run(HMAC_PROBE_COMMAND, input=HMAC_SHA_PROBE_CONF)).stdout.strip()
                 node = resolve_node(target, facts, underlay_cidr, override)
@@ -142,7 +146,7 @@ async def probe_node(
                     }
                 )
     except TimeoutError:
-        reason = f"no answer within {timeout:.0f} s"
+        reason = f"no answer within {limit_s:.0f} s"
     except HostKeyChanged as exc:
         reason = exc.message
     except KariosError as exc:
@@ -170,7 +174,7 @@ async def preflight(
 
     async def one(t: NodeTarget) -> PreflightNode:
         async with sem:
-            return await probe_node(t, cidr, by_ip.get(t.node_ip), timeout=per_node_timeout)
+            return await probe_node(t, cidr, by_ip.get(t.node_ip), limit_s=per_node_timeout)
 
     results = await asyncio.gather(*(one(t) for t in nodes))
     return summarize(

@@ -42,13 +42,13 @@ class NodeSession:
         self.host_key_first_seen = target.known_host_key is None
 
     async def run(
-        self, command: str, *, input: str | None = None, timeout: float = 60.0, check: bool = True
+        self, command: str, *, input: str | None = None, limit_s: float = 60.0, check: bool = True
     ) -> CommandResult:
         """Run `command`; with `check`, a non-zero exit raises :class:`NodeCommandFailed`."""
         try:
-            res = await asyncio.wait_for(self._conn.run(command, input=input, check=False), timeout)
+            res = await asyncio.wait_for(self._conn.run(command, input=input, check=False), limit_s)
         except TimeoutError:
-            raise NodeCommandFailed(f"{self.target.label}: command timed out after {timeout:.0f} s") from None
+            raise NodeCommandFailed(f"{self.target.label}: command timed out after {limit_s:.0f} s") from None
         except (asyncssh.Error, OSError) as exc:
             raise NodeCommandFailed(f"{self.target.label}: SSH session failed: {exc}") from None
         out = CommandResult(
@@ -112,7 +112,9 @@ async def open_session(
     except asyncssh.PermissionDenied:
         raise NodeUnreachable(f"{target.label}: SSH authentication failed") from None
     except TimeoutError:
-        raise NodeUnreachable(f"{target.label}: SSH connect timed out after {connect_timeout:.0f} s") from None
+        raise NodeUnreachable(
+            f"{target.label}: SSH connect timed out after {connect_timeout:.0f} s"
+        ) from None
     except (asyncssh.Error, OSError) as exc:
         raise NodeUnreachable(f"{target.label}: SSH connect failed: {exc}") from None
     session = NodeSession(target, conn, list(secrets or []))

@@ -21,7 +21,9 @@ DRIVERS: dict[str, type[RedfishDriver]] = {
 def driver_for(vendor: str) -> type[RedfishDriver]:
     cls = DRIVERS.get((vendor or "generic").strip().lower())
     if cls is None:
-        raise ValidationFailed(f"vendor: {vendor!r} is not one of {', '.join(sorted(DRIVERS))}", field="vendor")
+        raise ValidationFailed(
+            f"vendor: {vendor!r} is not one of {', '.join(sorted(DRIVERS))}", field="vendor"
+        )
     return cls
 
 

@@ -7,6 +7,7 @@ override to CD (UEFI) → reset (On or ForceRestart) → poll power state with a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -62,18 +63,20 @@ class RedfishDriver:
     def __init__(self, ep: BmcEndpoint, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.ep = ep
         self.client = httpx.AsyncClient(
-            base_url=ep.base_url, verify=ep.verify_tls, timeout=ep.timeout, transport=transport,
-            follow_redirects=True, headers={"Accept": "application/json"},
+            base_url=ep.base_url,
+            verify=ep.verify_tls,
+            timeout=ep.timeout,
+            transport=transport,
+            follow_redirects=True,
+            headers={"Accept": "application/json"},
         )
         self._session_tried = False
         self.calls: list[tuple[str, str]] = []
 
     async def close(self) -> None:
         if "X-Auth-Token" in self.client.headers and self._session_uri:
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 await self.client.delete(self._session_uri)
-            except httpx.HTTPError:
-                pass
         await self.client.aclose()
 
     async def __aenter__(self) -> RedfishDriver:
@@ -97,7 +100,8 @@ class RedfishDriver:
             return
         try:
             r = await self.client.post(
-                f"{ROOT}/SessionService/Sessions", json={"UserName": self.ep.username, "Password": self.ep.password}
+                f"{ROOT}/SessionService/Sessions",
+                json={"UserName": self.ep.username, "Password": self.ep.password},
             )
         except httpx.HTTPError:
             r = None
@@ -133,14 +137,18 @@ class RedfishDriver:
                     return {}
                 return body if isinstance(body, dict) else {}
             last = f"HTTP {r.status_code} {_error_text(r)}"
-            transient = r.status_code >= 500 or r.status_code == 429 or (
-                r.status_code == 409 and self.quirks.retry_on_409
+            transient = (
+                r.status_code >= 500
+                or r.status_code == 429
+                or (r.status_code == 409 and self.quirks.retry_on_409)
             )
             if not transient:
                 if r.status_code in (401, 403):
                     raise PermanentFailure(f"BMC {self.ep.bmc_ip} refused the credentials ({r.status_code})")
                 raise _ClientError(r.status_code, f"BMC {self.ep.bmc_ip} {method} {uri}: {last}")
-        raise UpstreamError(f"BMC {self.ep.bmc_ip} {method} {uri} failed after {self.ep.retries + 1} tries: {last}")
+        raise UpstreamError(
+            f"BMC {self.ep.bmc_ip} {method} {uri} failed after {self.ep.retries + 1} tries: {last}"
+        )
 
     async def get(self, uri: str) -> dict[str, Any]:
         return await self.request("GET", uri)
@@ -225,7 +233,9 @@ class RedfishDriver:
             params["TransferProtocolType"] = "HTTPS"
         elif image.startswith("http:"):
             params["TransferProtocolType"] = "HTTP"
-        info_uri = ((slot.get("Actions") or {}).get("#VirtualMedia.InsertMedia") or {}).get("@Redfish.ActionInfo")
+        info_uri = ((slot.get("Actions") or {}).get("#VirtualMedia.InsertMedia") or {}).get(
+            "@Redfish.ActionInfo"
+        )
         if info_uri:
             try:
                 info = await self.get(info_uri)
@@ -267,7 +277,10 @@ class RedfishDriver:
     # -- boot and power -----------------------------------------------------------------
     def boot_body(self, system: dict[str, Any]) -> dict[str, Any]:
         boot = system.get("Boot", {})
-        body: dict[str, Any] = {"BootSourceOverrideTarget": "Cd", "BootSourceOverrideEnabled": self.quirks.boot_enabled}
+        body: dict[str, Any] = {
+            "BootSourceOverrideTarget": "Cd",
+            "BootSourceOverrideEnabled": self.quirks.boot_enabled,
+        }
         modes = boot.get("BootSourceOverrideMode@Redfish.AllowableValues")
         if "BootSourceOverrideMode" in boot and (not modes or "UEFI" in modes):
             body["BootSourceOverrideMode"] = "UEFI"
@@ -279,9 +292,8 @@ class RedfishDriver:
         await self.request("PATCH", sys_uri, self.boot_body(system))
         back = (await self.get(sys_uri)).get("Boot", {})
         if back.get("BootSourceOverrideTarget") != "Cd":
-            raise UpstreamError(
-                f"BMC {self.ep.bmc_ip} reports boot target {back.get('BootSourceOverrideTarget')!r} after setting Cd"
-            )
+            got = back.get("BootSourceOverrideTarget")
+            raise UpstreamError(f"BMC {self.ep.bmc_ip} reports boot target {got!r} after setting Cd")
 
     async def clear_boot_override(self) -> None:
         sys_uri = await self.system_uri()
@@ -306,7 +318,9 @@ class RedfishDriver:
             if (await self.get(sys_uri)).get("PowerState") == "On":
                 return
             if time.monotonic() > deadline:
-                raise UpstreamError(f"BMC {self.ep.bmc_ip}: power did not come on within {self.ep.power_deadline}s")
+                raise UpstreamError(
+                    f"BMC {self.ep.bmc_ip}: power did not come on within {self.ep.power_deadline}s"
+                )
             await asyncio.sleep(0.5)
 
 

@@ -29,8 +29,10 @@ class HpeIlo(RedfishDriver):
         await super().insert(slot_uri, slot, image)
 
     async def eject(self, slot_uri: str, slot: dict[str, Any]) -> None:
-        if self.inserted(slot) and not self.action_target(slot, "EjectMedia") and self._oem_target(
-            slot, "EjectVirtualMedia"
+        if (
+            self.inserted(slot)
+            and not self.action_target(slot, "EjectMedia")
+            and self._oem_target(slot, "EjectVirtualMedia")
         ):
             await self.request("POST", self._oem_target(slot, "EjectVirtualMedia"), {})
             return
@@ -59,4 +61,6 @@ class SupermicroBmc(RedfishDriver):
 
 class CiscoCimc(RedfishDriver):
     vendor = "cisco"
-    quirks = Quirks(vm_prefer="manager", insert_omit=frozenset({"Inserted", "WriteProtected"}), retry_on_409=True)
+    quirks = Quirks(
+        vm_prefer="manager", insert_omit=frozenset({"Inserted", "WriteProtected"}), retry_on_409=True
+    )

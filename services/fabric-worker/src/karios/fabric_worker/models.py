@@ -1,0 +1,67 @@
+"""Tables owned by the fabric worker (schema ``fabric``)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from karios.common.db import processed_messages_table
+
+SCHEMA = "fabric"
+SINGLETON_ID = 1
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class FabricConfigRow(SQLModel, table=True):
+    """The cluster-wide fabric config: exactly one row (id 1). Secrets are AES-GCM ciphertext."""
+
+    __tablename__ = "fabric_config"
+    __table_args__ = {"schema": SCHEMA}
+
+    id: int = Field(default=SINGLETON_ID, primary_key=True)
+    data: dict = Field(sa_type=sa.JSON, description="FabricConfigFields as JSON (field names as the seed)")
+    bgp_password_enc: str | None = None
+    ospf_auth_key_enc: str | None = None
+    rollout_status: str = ""
+    frr_hmac_sha_capable: bool | None = None  # written by preflight only
+    underlay_mtu: int = 0  # preflight consensus; 0 = unknown
+    created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+    updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+
+
+class VtepAllocationRow(SQLModel, table=True):
+    """One VTEP loopback address per node. The primary key makes a double hand-out impossible."""
+
+    __tablename__ = "vtep_allocations"
+    __table_args__ = {"schema": SCHEMA}
+
+    vtep_ip: str = Field(primary_key=True, max_length=64)
+    node_ip: str = Field(unique=True, max_length=64)
+    seq: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, sa.Identity(), nullable=False))
+    allocated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+
+
+class SwitchAckAudit(SQLModel, table=True):
+    """Every accepted VTEP-pool move: who acknowledged which switch snippet (or skipped the gate)."""
+
+    __tablename__ = "switch_ack_audit"
+    __table_args__ = {"schema": SCHEMA}
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+    acked_by: str
+    caller: str
+    caller_role: str
+    switch_nos: str
+    switch_snippet_hash: str
+    old_range: str
+    new_range: str
+    skipped: bool = False
+
+
+processed_messages = processed_messages_table(SQLModel.metadata, SCHEMA)

@@ -1,0 +1,369 @@
+"""One node's rollout: load → diff → commit → verify, rollback to the baseline, teardown
+and the post-deploy checklist. The rules live in :mod:`plan`; this module only runs them
+over SSH and reports progress."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+
+from pydantic import BaseModel
+
+from karios.common.errors import KariosError
+from karios.fabric_worker.rollout.errors import (
+    FabricVerifyFailed,
+    HostKeyChanged,
+    NodeUnreachable,
+    RolloutCancelled,
+)
+from karios.fabric_worker.rollout.facts import (
+    DISCOVER_SCRIPT,
+    MANAGED_FILES,
+    NodeFacts,
+    find_underlay,
+    parse_facts,
+)
+from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, NodeTarget
+from karios.fabric_worker.rollout.plan import (
+    INSTALL_FRR_SCRIPT,
+    ChecklistStep,
+    DesiredNetwork,
+    FrrAction,
+    FrrPlan,
+    baseline_network,
+    frr_action_command,
+    frr_plan,
+    frr_rollback_plan,
+    network_commands,
+    overlay_mtu,
+    parse_evpn_summary,
+    postdeploy_checklist,
+    verify_verdict,
+    write_file_command,
+)
+from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_files
+from karios.fabric_worker.rollout.ssh import NodeSession, open_session, redact
+
+EVPN_SUMMARY_COMMAND = "vtysh -c 'show bgp l2vpn evpn summary json'"
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutOptions:
+    connect_timeout: float = 10.0
+    command_timeout: float = 120.0
+    install_timeout: float = 900.0
+    verify_timeout: float = 60.0
+    verify_interval: float = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeEvent:
+    node_ip: str
+    fqdn: str
+    state: str  # node_*
+    message: str = ""
+
+
+ProgressFn = Callable[[NodeEvent], Awaitable[None]]
+
+
+async def _no_progress(_: NodeEvent) -> None:
+    return None
+
+
+class NodeResult(BaseModel):
+    node_ip: str
+    fqdn: str = ""
+    ok: bool = False
+    reachable: bool = True  # False: SSH failed before any step ran
+    changed: bool = False
+    touched: bool = False  # something was changed on the node (rollback needed on abort)
+    rolled_back: bool = False
+    error: str = ""
+    vtep_ip: str = ""
+    host_key: str = ""
+    host_key_first_seen: bool = False
+    frr_action: str = ""
+    steps: list[str] = []
+    duration_s: float = 0.0
+
+
+class NodeRollout:
+    """Applies the intent to one node and can put the node back to how it was before."""
+
+    def __init__(
+        self,
+        target: NodeTarget,
+        intent: FabricIntent,
+        vtep_ip: str,
+        *,
+        override: NodeOverride | None = None,
+        options: RolloutOptions | None = None,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        self.target = target
+        self.intent = intent
+        self.vtep_ip = vtep_ip
+        self.override = override
+        self.options = options or RolloutOptions()
+        self._progress = progress or _no_progress
+        self.baseline: NodeFacts | None = None
+        self.result = NodeResult(node_ip=target.node_ip, fqdn=target.fqdn, vtep_ip=vtep_ip)
+        self._secrets = intent.secrets() + [
+            s.get_secret_value() for s in (target.password, target.private_key) if s is not None
+        ]
+
+    # -- helpers -----------------------------------------------------------------------
+
+    async def _emit(self, state: str, message: str = "") -> None:
+        await self._progress(NodeEvent(self.target.node_ip, self.result.fqdn, state, message))
+
+    def _session(self):
+        return open_session(self.target, connect_timeout=self.options.connect_timeout, secrets=self._secrets)
+
+    async def _discover(self, s: NodeSession) -> NodeFacts:
+        try:
+            return parse_facts((await s.run(DISCOVER_SCRIPT, limit_s=self.options.command_timeout)).stdout)
+        except ValueError as exc:
+            raise FabricVerifyFailed(f"{self.target.label}: unexpected discovery output: {exc}") from None
+
+    def _underlay(self, facts: NodeFacts) -> tuple[str, int]:
+        if self.override is not None:
+            name = self.override.underlay_bridge_name or self.override.underlay_iface_hint
+            iface = facts.interfaces.get(name)
+            if iface is None:
+                raise FabricVerifyFailed(f"{self.target.label}: override underlay {name!r} does not exist")
+            return iface.name, iface.mtu
+        matches = find_underlay(facts, self.intent.underlay_cidr)
+        if not matches:
+            raise FabricVerifyFailed(
+                f"{self.target.label}: no interface with an address in {self.intent.underlay_cidr}"
+            )
+        return matches[0].iface, matches[0].mtu
+
+    def _desired(self, facts: NodeFacts, underlay_mtu: int) -> DesiredNetwork:
+        return DesiredNetwork(
+            vtep_ip=self.vtep_ip,
+            vnis=self.intent.vnis,
+            overlay_mtu=overlay_mtu(self.intent.vxlan_mtu, underlay_mtu),
+            managed_vnis=self.intent.vnis,
+        )
+
+    async def _run_script(self, s: NodeSession, cmds: list[str]) -> None:
+        if cmds:
+            await s.run("set -e\n" + "\n".join(cmds), limit_s=self.options.command_timeout)
+
+    async def _apply_frr(self, s: NodeSession, plan: FrrPlan) -> None:
+        stop_first = plan.action is FrrAction.STOP
+        if stop_first:
+            await s.run(frr_action_command(plan.action) or "true", limit_s=self.options.command_timeout)
+        for name in MANAGED_FILES:
+            if name in plan.writes:
+                content = plan.writes[name]
+                await s.run(
+                    write_file_command(name, content), input=content, limit_s=self.options.command_timeout
+                )
+        cmd = None if stop_first else frr_action_command(plan.action)
+        if cmd:
+            await s.run(cmd, limit_s=self.options.command_timeout)
+
+    def _check_abort(self, abort: asyncio.Event | None) -> None:
+        if abort is not None and abort.is_set():
+            raise RolloutCancelled(f"{self.target.label}: rollout aborted")
+
+    # -- apply -------------------------------------------------------------------------
+
+    async def apply(self, abort: asyncio.Event | None = None) -> NodeResult:
+        """load → diff → commit → verify. Never raises: the outcome is in the result."""
+        t0 = time.monotonic()
+        r = self.result
+        try:
+            self._check_abort(abort)
+            await self._emit("node_connecting")
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    s = await stack.enter_async_context(self._session())
+                except (NodeUnreachable, HostKeyChanged):
+                    r.reachable = False
+                    raise
+                r.host_key, r.host_key_first_seen = s.host_key, s.host_key_first_seen
+                await self._apply_with(s, abort)
+            r.ok = True
+            await self._emit("node_ready", "unchanged" if not r.changed else f"FRR {r.frr_action or 'kept'}")
+        except KariosError as exc:
+            r.ok = False
+            r.error = redact(exc.message, self._secrets)
+            await self._emit("node_failed", r.error)
+        finally:
+            r.duration_s = round(time.monotonic() - t0, 3)
+        return r
+
+    async def _apply_with(self, s: NodeSession, abort: asyncio.Event | None) -> None:
+        r, opts = self.result, self.options
+        facts = await self._discover(s)
+        self.baseline = facts
+        r.fqdn = r.fqdn or facts.hostname
+        iface, mtu = self._underlay(facts)
+        self._check_abort(abort)
+        if not facts.frr_installed:
+            await self._emit("node_installing_frr")
+            r.touched = True
+            await s.run(INSTALL_FRR_SCRIPT, limit_s=opts.install_timeout)
+            facts = await self._discover(s)
+            r.steps.append("frr_installed")
+        else:
+            r.steps.append("frr_present")
+        files = render_node_files(
+            self.intent,
+            NodeRenderInput(hostname=facts.hostname or r.fqdn, vtep_ip=self.vtep_ip, underlay_iface=iface),
+        ).as_dict()
+        plan = frr_plan(facts, files)
+        net = network_commands(facts, self._desired(facts, mtu))
+        if not plan.changed and not net:
+            r.steps.append("unchanged")
+            await self._emit("node_unchanged", "running config equals the rendered config")
+        else:
+            self._check_abort(abort)
+            await self._emit("node_committing", f"{len(plan.writes)} file(s), {len(net)} link change(s)")
+            r.touched = r.changed = True
+            await self._run_script(s, net)
+            if net:
+                r.steps.append("vtep_configured")
+            r.frr_action = plan.action.value
+            await self._apply_frr(s, plan)
+            r.steps.append(
+                f"frr_{plan.action.value}" if plan.action is not FrrAction.NONE else "frr_config_written"
+            )
+        self._check_abort(abort)
+        await self._emit("node_verifying")
+        await self._verify(s, abort)
+        r.steps.append("verified")
+
+    async def _verify(self, s: NodeSession, abort: asyncio.Event | None) -> None:
+        deadline = time.monotonic() + self.options.verify_timeout
+        expect_routes = bool(self.intent.vnis) and self.intent.advertise_all_vni
+        verdict = "not checked"
+        while True:
+            self._check_abort(abort)
+            out = await s.run(EVPN_SUMMARY_COMMAND, limit_s=self.options.command_timeout, check=False)
+            peer = parse_evpn_summary(out.stdout, self.intent.peer_ip) if out.exit_status == 0 else None
+            verdict = verify_verdict(peer, self.intent.peer_ip, expect_routes) or ""
+            if not verdict:
+                return
+            if time.monotonic() >= deadline:
+                raise FabricVerifyFailed(f"{verdict} after {self.options.verify_timeout:.0f} s")
+            if abort is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(abort.wait(), self.options.verify_interval)
+            else:
+                await asyncio.sleep(self.options.verify_interval)
+
+    # -- rollback ------------------------------------------------------------------------
+
+    async def rollback(self) -> None:
+        """Put the node back to its baseline (previous files, FRR state, vtep0/VXLAN devices)."""
+        if self.baseline is None:
+            return
+        await self._emit("node_rolling_back")
+        try:
+            async with self._session() as s:
+                current = await self._discover(s)
+                plan = frr_rollback_plan(self.baseline, current)
+                net = network_commands(current, baseline_network(self.baseline, self.intent.vnis))
+                if plan.action is FrrAction.STOP:
+                    await self._apply_frr(s, plan)
+                    await self._run_script(s, net)
+                else:
+                    await self._run_script(s, net)
+                    await self._apply_frr(s, plan)
+            self.result.rolled_back = True
+            await self._emit("node_rolled_back")
+        except KariosError as exc:
+            msg = redact(exc.message, self._secrets)
+            self.result.error = f"{self.result.error}; rollback failed: {msg}".lstrip("; ")
+            await self._emit("node_rollback_failed", msg)
+
+
+# -- teardown ------------------------------------------------------------------------------
+
+
+class TeardownResult(BaseModel):
+    node_ip: str
+    fqdn: str = ""
+    removed: bool = False
+    reachable: bool = True
+    message: str = ""
+    steps: list[str] = []
+
+
+async def teardown_node(
+    target: NodeTarget, intent: FabricIntent, *, options: RolloutOptions | None = None
+) -> TeardownResult:
+    """Stop FRR, remove the managed /etc/frr files, vtep0 and the VXLAN devices. The FRR
+    package itself stays installed."""
+    opts = options or RolloutOptions()
+    res = TeardownResult(node_ip=target.node_ip, fqdn=target.fqdn)
+    try:
+        async with open_session(target, connect_timeout=opts.connect_timeout, secrets=intent.secrets()) as s:
+            facts = parse_facts((await s.run(DISCOVER_SCRIPT, limit_s=opts.command_timeout)).stdout)
+            res.fqdn = res.fqdn or facts.hostname
+            if facts.frr_running:
+                await s.run(frr_action_command(FrrAction.STOP) or "true", limit_s=opts.command_timeout)
+                res.steps.append("frr_stopped")
+            present = [n for n in MANAGED_FILES if facts.files.get(n) is not None]
+            for name in present:
+                await s.run(write_file_command(name, None), limit_s=opts.command_timeout)
+            if present:
+                res.steps.append("frr_config_removed")
+            managed = tuple(sorted(set(intent.vnis) | set(facts.vxlan_vnis())))
+            cmds = network_commands(facts, DesiredNetwork(vtep_ip=None, managed_vnis=managed))
+            if cmds:
+                await s.run("set -e\n" + "\n".join(cmds), limit_s=opts.command_timeout)
+                res.steps += [c.split()[3] + "_removed" for c in cmds if c.startswith("ip link del ")]
+        res.removed = True
+        res.message = "fabric removed from node" if res.steps else "nothing was configured"
+    except (NodeUnreachable, HostKeyChanged) as exc:
+        res.reachable = False
+        res.message = exc.message
+    except KariosError as exc:
+        res.message = redact(exc.message, intent.secrets())
+    return res
+
+
+# -- post-deploy -------------------------------------------------------------------------
+
+
+async def postdeploy_node(
+    target: NodeTarget,
+    intent: FabricIntent,
+    *,
+    expected_vtep_ip: str | None = None,
+    options: RolloutOptions | None = None,
+) -> list[ChecklistStep]:
+    """The node's checklist; an unreachable node yields a single failed `ssh` step."""
+    from karios.fabric_worker.rollout.plan import StepStatus
+
+    opts = options or RolloutOptions()
+    try:
+        async with open_session(target, connect_timeout=opts.connect_timeout, secrets=intent.secrets()) as s:
+            facts = parse_facts((await s.run(DISCOVER_SCRIPT, limit_s=opts.command_timeout)).stdout)
+            summary = ""
+            if facts.frr_running:
+                summary = (
+                    await s.run(EVPN_SUMMARY_COMMAND, check=False, limit_s=opts.command_timeout)
+                ).stdout
+    except KariosError as exc:
+        return [ChecklistStep("ssh", StepStatus.FAILED, exc.message, 0)]
+    matches = find_underlay(facts, intent.underlay_cidr)
+    return postdeploy_checklist(
+        facts,
+        summary,
+        peer_ip=intent.peer_ip,
+        vnis=intent.vnis,
+        vxlan_mtu=intent.vxlan_mtu,
+        underlay_iface=matches[0].iface if matches else None,
+        expected_vtep_ip=expected_vtep_ip,
+    )

@@ -1,0 +1,489 @@
+"""Job orchestration: admission, media build, BMC mount/boot, installer callbacks, stuck detection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import ipaddress
+import secrets
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from karios.common.bus.runtime import Bus
+from karios.common.contracts.inventory import (
+    AllocateIp,
+    BmcAccess,
+    BmcAccessQuery,
+    IpAllocation,
+    RegisterNode,
+)
+from karios.common.contracts.provision import (
+    CallbackRequest,
+    CancelJob,
+    JobProgress,
+    JobView,
+    QueueEntry,
+    StartProvision,
+)
+from karios.common.crypto import SecretBox
+from karios.common.db import Database
+from karios.common.errors import Conflict, KariosError, NotFound, ServiceUnavailable, Unauthorized
+from karios.common.telemetry import get_logger
+from karios.provisioner import preseed
+from karios.provisioner.config import ProvisionerConfig
+from karios.provisioner.drivers import BmcEndpoint, RedfishDriver, driver_for
+from karios.provisioner.media import MediaBuilder, debian_release
+from karios.provisioner.models import Job
+from karios.provisioner.statemachine import INFO, State, is_terminal, transition
+
+log = get_logger(__name__)
+T = Job.__table__  # type: ignore[attr-defined]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def subnet_of(ip: str) -> str:
+    try:
+        return str(ipaddress.ip_network(f"{ip}/24", strict=False))
+    except ValueError:
+        return ip
+
+
+class JobCancelled(Exception):
+    pass
+
+
+@dataclass
+class JobService:
+    bus: Bus
+    db: Database
+    box: SecretBox
+    cfg: ProvisionerConfig
+    media: MediaBuilder
+    driver_factory: Any = None  # (vendor, endpoint) -> RedfishDriver; tests may wrap it
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    mounts: int = 0  # successful mounts (observed by tests)
+
+    def __post_init__(self) -> None:
+        self.build_sem = asyncio.Semaphore(self.cfg.build_concurrency)
+        self.bmc_sem = asyncio.Semaphore(self.cfg.bmc_concurrency)
+        self.subnet_sems: dict[str, asyncio.Semaphore] = defaultdict(
+            lambda: asyncio.Semaphore(self.cfg.bmc_per_subnet)
+        )
+
+    # -- persistence + events -----------------------------------------------------------
+    async def load(self, job_id: str) -> Job:
+        async with self.db.session() as s:
+            job = await s.get(Job, job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        return job
+
+    async def emit(
+        self, job: Job, message: str = "", percent: int | None = None, fact: str | None = None
+    ) -> None:
+        info = INFO[State(job.state)]
+        ev = JobProgress(
+            job_id=job.id,
+            bmc_ip=job.bmc_ip,
+            job_type=job.job_type,
+            parent_id=job.parent_id,
+            state=job.state,
+            status=info.status,
+            stage=info.stage,
+            percent=job.percent if percent is None else percent,
+            message=message or job.message,
+            node_ip=job.os_ip,
+            resource_name=job.hostname,
+        )
+        await self.bus.publish_event(
+            ev, self.bus.subjects.evt("provision", fact or f"job.{job.state}", job.id), entity=job.id
+        )
+
+    async def move(
+        self,
+        job_id: str,
+        target: State,
+        message: str = "",
+        *,
+        percent: int | None = None,
+        fact: str | None = None,
+        **values: Any,
+    ) -> Job:
+        """Apply one transition of the table (409 if forbidden) and emit its event."""
+        async with self.db.session() as s, s.begin():
+            job = await s.get(Job, job_id, with_for_update=True)
+            if job is None:
+                raise NotFound(f"no job {job_id}")
+            new = transition(job.state, target)
+            info = INFO[new]
+            job.state = new.value
+            job.message = message or info.stage
+            job.percent = percent if percent is not None else (info.percent or job.percent)
+            job.updated_at = _now()
+            job.stage_deadline = _now() + timedelta(seconds=self.cfg.stage_deadline) if info.watched else None
+            for k, v in values.items():
+                setattr(job, k, v)
+        await self.emit(job, fact=fact)
+        return job
+
+    # -- command: start -----------------------------------------------------------------
+    async def handle_start(self, cmd: StartProvision) -> None:
+        token = secrets.token_urlsafe(24)
+        row = {
+            "id": cmd.job_id,
+            "job_type": cmd.job_type,
+            "parent_id": cmd.parent_id,
+            "bmc_ip": cmd.spec.bmc_ip,
+            "vendor": cmd.spec.vendor,
+            "hostname": cmd.spec.hostname,
+            "state": State.queued.value,
+            "message": "Queued",
+            "percent": 0,
+            "token_hash": token_hash(token),
+            "os_ip": "",
+            "spec": cmd.model_dump(mode="json"),
+            "created_at": _now(),
+            "updated_at": _now(),
+        }
+        async with self.db.session() as s, s.begin():
+            res = await s.execute(pg_insert(T).values(**row).on_conflict_do_nothing().returning(T.c.id))
+            created = res.first() is not None
+            other = None
+            if created:
+                other = (
+                    await s.execute(
+                        sa.select(T.c.id).where(
+                            T.c.bmc_ip == cmd.spec.bmc_ip,
+                            T.c.id != cmd.job_id,
+                            T.c.state.notin_(["completed", "failed", "cancelled"]),
+                        )
+                    )
+                ).first()
+        if not created:
+            log.info("duplicate start command ignored", job_id=cmd.job_id)
+            return
+        job = await self.load(cmd.job_id)
+        await self.emit(job)
+        if other is not None:
+            await self.move(
+                cmd.job_id, State.failed, f"BMC {cmd.spec.bmc_ip} already has running job {other[0]}"
+            )
+            return
+        self.tasks[cmd.job_id] = asyncio.create_task(self._run(cmd, token))
+
+    async def _check(self, job_id: str) -> None:
+        if (await self.load(job_id)).state == State.cancelled:
+            raise JobCancelled
+
+    async def _run(self, cmd: StartProvision, token: str) -> None:
+        job_id = cmd.job_id
+        try:
+            async with self.build_sem:
+                await self._check(job_id)
+                await self.move(job_id, State.building_media)
+                await self.build_medium(cmd, token)
+            subnet = self.subnet_sems[subnet_of(cmd.spec.bmc_ip)]
+            async with self.bmc_sem, subnet:
+                await self._check(job_id)
+                await self.move(job_id, State.mounting)
+                drv = await self.driver(cmd)
+                async with drv:
+                    await drv.mount(f"{self.cfg.media_url.rstrip('/')}/media/{job_id}.iso")
+                    self.mounts += 1
+                    await drv.set_boot_cd_once()
+                    await self._check(job_id)
+                    await self.move(job_id, State.booting, "Medium mounted; resetting into it")
+                    kind = await drv.reset_into_media()
+                    await drv.wait_power_on()
+                log.info("job booting", job_id=job_id, reset=kind)
+        except (JobCancelled, asyncio.CancelledError):
+            log.info("job cancelled", job_id=job_id)
+        except KariosError as exc:
+            await self._fail(job_id, exc.message)
+        except Exception as exc:
+            log.exception("job failed", job_id=job_id)
+            await self._fail(job_id, f"internal error: {type(exc).__name__}")
+        finally:
+            self.tasks.pop(job_id, None)
+
+    async def _fail(self, job_id: str, message: str) -> None:
+        with contextlib.suppress(Conflict, NotFound):
+            await self.move(job_id, State.failed, message)
+        self.media.remove(job_id)
+
+    async def build_medium(self, cmd: StartProvision, token: str) -> None:
+        spec = cmd.spec
+        major, suite = debian_release(spec.debian_version)
+        level, disks = preseed.raid_layout(spec.pool_type, spec.selected_disks)
+        nic = spec.selected_nic or "auto"
+        preseed.validate_host(spec.hostname or "node", spec.os_username or "debian", nic)
+        os_password = (
+            self.box.decrypt(spec.os_password_enc, context=f"os:{spec.bmc_ip}")
+            if spec.os_password_enc
+            else "adminadmin"
+        )
+        root_hash = ""
+        if spec.root_pass_enc:
+            root_hash = preseed.hash_password(
+                self.box.decrypt(spec.root_pass_enc, context=f"os:{spec.bmc_ip}")
+            )
+        static = None
+        if spec.prefix_id is not None:
+            # The inventory allocates from its configured pool by device name; prefix_id is kept
+            # in the job's metadata until the inventory contract takes it.
+            alloc = IpAllocation.model_validate(
+                await self.bus.request(
+                    self.bus.subjects.request("inventory", "allocate_ip"),
+                    AllocateIp(name=spec.hostname),
+                )
+            )
+            iface = ipaddress.ip_interface(alloc.address)
+            static = {
+                "address": str(iface.ip),
+                "netmask": str(iface.netmask),
+                "gateway": alloc.gateway,
+                "nameservers": alloc.gateway,
+            }
+        base = self.cfg.callback_url.rstrip("/")
+        if spec.controlnode_host:
+            base = f"http://{spec.controlnode_host}:{spec.controlnode_port or 8080}"
+        ctx = preseed.HostContext(
+            job_id=cmd.job_id,
+            token=token,
+            callback_base=f"{base}/controlnode",
+            hostname=spec.hostname or "node",
+            bmc_ip=spec.bmc_ip,
+            os_username=spec.os_username or "debian",
+            password_hash=preseed.hash_password(os_password),
+            root_password_hash=root_hash,
+            disks=disks,
+            md_level=level.md_level,
+            nic=nic,
+            nic_mac=spec.selected_nic_mac,
+            static=static,
+            kernel_args=preseed.gpu_kernel_args(spec.gpu_passthrough),
+            suite=suite,
+            mirror_host=self.cfg.mirror_host,
+            mirror_dir=self.cfg.mirror_dir,
+            job_type=cmd.job_type,
+        )
+        files = preseed.render_media_files(ctx)
+        boot = preseed.render_boot_configs(label=f"Karios {cmd.job_type} {ctx.hostname}", kernel_args=[])
+        await self.media.build_async(cmd.job_id, major, files, boot)
+
+    async def driver(self, cmd: StartProvision) -> RedfishDriver:
+        ip = cmd.spec.bmc_ip
+        over = self.cfg.bmc_endpoints.get(ip, {})
+        user, password = over.get("username", ""), over.get("password", "")
+        if cmd.bmc_username and cmd.bmc_password_enc:
+            user, password = cmd.bmc_username, self.box.decrypt(cmd.bmc_password_enc, context=f"bmc:{ip}")
+        if not user:
+            with contextlib.suppress(KariosError):
+                creds = BmcAccess.model_validate(
+                    await self.bus.request(
+                        self.bus.subjects.query("inventory", "bmc_access"),
+                        BmcAccessQuery(bmc_ip=ip),
+                        timeout=2.0,
+                    )
+                )
+                if creds.username and creds.password_enc:
+                    user, password = creds.username, self.box.decrypt(creds.password_enc, context=f"bmc:{ip}")
+        if not user:
+            user, password = self.cfg.bmc_default_user, self.cfg.bmc_default_password
+        ep = BmcEndpoint(
+            bmc_ip=ip,
+            base_url=over.get("url") or f"{self.cfg.bmc_scheme}://{ip}",
+            username=user,
+            password=password,
+            verify_tls=bool(over.get("verify_tls", self.cfg.bmc_verify_tls)),
+            system_id=over.get("system_id", ""),
+            timeout=self.cfg.bmc_timeout,
+            retries=self.cfg.bmc_retries,
+            backoff=self.cfg.bmc_backoff,
+            power_deadline=self.cfg.power_deadline,
+        )
+        cls = driver_for(cmd.spec.vendor)
+        return self.driver_factory(cls, ep) if self.driver_factory else cls(ep)
+
+    # -- installer callbacks ------------------------------------------------------------
+    def _verify(self, job: Job, token: str) -> None:
+        if not token or not hmac.compare_digest(token_hash(token), job.token_hash):
+            raise Unauthorized("invalid job token")
+        if is_terminal(job.state):
+            raise Conflict(f"job {job.id} is already {job.state}", details={"state": job.state})
+
+    async def _newer_job(self, job: Job) -> None:
+        async with self.db.session() as s:
+            newer = (
+                await s.execute(
+                    sa.select(T.c.id).where(T.c.bmc_ip == job.bmc_ip, T.c.created_at > job.created_at)
+                )
+            ).first()
+        if newer is not None:
+            raise Conflict(f"job {job.id} was superseded by job {newer[0]} for BMC {job.bmc_ip}")
+
+    async def step(self, req: CallbackRequest) -> JobView:
+        job = await self.load(req.job_id)
+        self._verify(job, req.token)
+        await self._newer_job(job)
+        if req.state == "failed":
+            job = await self.move(job.id, State.failed, f"installer step {req.step} failed")
+        else:
+            percent = max(50, min(89, req.percent)) if req.percent is not None else None
+            target = State.first_boot if job.state == State.first_boot else State.installing
+            if job.state == State.stuck and job.os_ip:
+                target = State.first_boot
+            job = await self.move(
+                job.id, target, f"{req.step}: {req.state}", percent=percent, fact="job.step"
+            )
+        return _view(job)
+
+    async def complete(self, req: CallbackRequest) -> JobView:
+        job = await self.load(req.job_id)
+        self._verify(job, req.token)
+        await self._newer_job(job)
+        enc = req.os_password_enc
+        if job.state == State.booting:
+            await self.move(job.id, State.installing, "installer reported completion")
+        job = await self.move(
+            job.id,
+            State.first_boot,
+            "OS installed; waiting for first boot",
+            os_ip=req.os_ip or job.os_ip,
+            **({"os_password_enc": enc} if enc else {}),
+        )
+        if job.job_type == "unprovision":
+            job = await self.move(job.id, State.completed, "disks wiped")
+            await self._release(job)
+        return _view(job)
+
+    async def firstboot(self, req: CallbackRequest) -> JobView:
+        async with self.db.session() as s:
+            row = (
+                await s.execute(
+                    sa.select(T.c.id).where(T.c.bmc_ip == req.bmc_ip).order_by(T.c.created_at.desc()).limit(1)
+                )
+            ).first()
+        if row is None:
+            raise NotFound(f"no job for BMC {req.bmc_ip}")
+        job = await self.load(row[0])
+        self._verify(job, req.token)
+        if job.state in (State.booting, State.installing):
+            raise Conflict(f"job {job.id} has not finished installing")
+        job = await self.move(job.id, State.completed, f"first boot from {req.os_ip}", os_ip=req.os_ip)
+        await self._release(job)
+        try:
+            await self.bus.request(
+                self.bus.subjects.request("inventory", "register_node"),
+                RegisterNode(
+                    bmc_ip=job.bmc_ip,
+                    os_ip=req.os_ip or None,
+                    os_hostname=job.hostname or None,
+                    vendor=job.vendor or None,
+                    is_control_node=False,
+                ),
+            )
+        except KariosError as exc:
+            log.warning("could not record the OS IP in the registry", job_id=job.id, error=exc.message)
+        return _view(job)
+
+    async def _release(self, job: Job) -> None:
+        """After the job: eject the medium and drop it (best effort; the OS is already installed)."""
+        self.media.remove(job.id)
+
+    # -- cancel ---------------------------------------------------------------------------
+    async def cancel(self, req: CancelJob) -> JobView:
+        job = await self.load(req.job_id)
+        if job.state == State.cancelled:
+            return _view(job)
+        job = await self.move(job.id, State.cancelled, "cancelled by operator")
+        task = self.tasks.pop(job.id, None)
+        if task is not None:
+            task.cancel()
+        asyncio.create_task(self._cleanup_bmc(job))  # noqa: RUF006 - best effort, logged
+        return _view(job)
+
+    async def _cleanup_bmc(self, job: Job) -> None:
+        try:
+            cmd = StartProvision.model_validate(job.spec)
+            drv = await self.driver(cmd)
+            async with drv:
+                await drv.unmount()
+                await drv.clear_boot_override()
+        except Exception as exc:
+            log.warning("cleanup after cancel failed", job_id=job.id, error=str(exc))
+        self.media.remove(job.id)
+
+    # -- queue and stuck detection --------------------------------------------------------
+    async def queue(self) -> list[QueueEntry]:
+        async with self.db.session() as s:
+            rows = (
+                await s.execute(
+                    sa.select(T.c.id, T.c.bmc_ip, T.c.job_type, T.c.state, T.c.created_at)
+                    .where(T.c.state.notin_(["completed", "failed", "cancelled"]))
+                    .order_by(T.c.created_at)
+                )
+            ).all()
+        out, pos = [], 0
+        for r in rows:
+            queued = r.state == State.queued
+            pos += queued
+            out.append(
+                QueueEntry(
+                    job_id=r.id,
+                    bmc_ip=r.bmc_ip,
+                    job_type=r.job_type,
+                    state=r.state,
+                    position=pos if queued else 0,
+                    created_at=r.created_at.isoformat(),
+                )
+            )
+        return out
+
+    async def check_stuck(self) -> int:
+        async with self.db.session() as s:
+            rows = (
+                await s.execute(
+                    sa.select(T.c.id).where(
+                        T.c.state.in_(["booting", "installing", "first_boot"]), T.c.stage_deadline < _now()
+                    )
+                )
+            ).all()
+        n = 0
+        for (job_id,) in rows:
+            with contextlib.suppress(Conflict):
+                await self.move(job_id, State.stuck, "no installer report before the stage deadline")
+                n += 1
+        return n
+
+    async def stuck_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.stuck_check_interval)
+            try:
+                await self.check_stuck()
+            except (ServiceUnavailable, OSError) as exc:
+                log.warning("stuck check failed", error=str(exc))
+
+
+def _view(job: Job) -> JobView:
+    return JobView(
+        job_id=job.id,
+        bmc_ip=job.bmc_ip,
+        state=job.state,
+        status=INFO[State(job.state)].status,
+        message=job.message,
+    )
