@@ -179,3 +179,34 @@ async def test_request_with_nobody_answering_is_a_clear_503(settings):
             raise AssertionError("expected ServiceUnavailable")
     finally:
         await bus.stop()
+
+
+async def test_consumer_config_drift_is_reconciled_and_a_deleted_consumer_is_unhealthy(settings):
+    from nats.js.api import ConsumerConfig
+
+    async def noop(cmd: Bump, ctx: HandlerContext) -> None:
+        return None
+
+    bus = Bus.from_settings(settings, "bus-test")
+    bus.command_handler("test", Bump, noop)
+    await bus.start()
+    stream, cfg = bus._consumers[0]
+    await bus.stop()
+    # Someone changed the durable under us (an older deploy, a manual edit).
+    nc = await nats.connect(settings.nats_url)
+    js = nc.jetstream()
+    drifted = ConsumerConfig(**{**cfg.as_dict(), "ack_wait": 5.0})
+    await js.add_consumer(stream, drifted)
+    assert (await js.consumer_info(stream, cfg.durable_name)).config.ack_wait == 5.0
+
+    bus2 = Bus.from_settings(settings, "bus-test")
+    bus2.command_handler("test", Bump, noop)
+    await bus2.start()
+    try:
+        assert (await js.consumer_info(stream, cfg.durable_name)).config.ack_wait == bus2.ack_wait
+        assert await bus2.healthy()
+        await js.delete_consumer(stream, cfg.durable_name)
+        assert not await bus2.healthy(), "a deleted durable must show as unhealthy, not spin silently"
+    finally:
+        await bus2.stop()
+        await nc.close()

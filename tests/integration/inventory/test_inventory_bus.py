@@ -119,7 +119,7 @@ async def test_pxe_enabled_round_trips_and_announces_the_change(settings, bus, i
     subjects = Subjects(settings.bus_prefix)
     nc = await nats.connect(settings.nats_url)
     got: asyncio.Queue = asyncio.Queue()
-    await nc.subscribe(subjects.events_of("inventory"), cb=lambda m: got.put_nowait(m))
+    await nc.subscribe(subjects.events_of("inventory"), cb=got.put)
     try:
         q = subjects.query("inventory", "host")
         assert (
@@ -196,7 +196,7 @@ async def test_webhook_checks_the_signature_and_emits_device_changed(settings, i
     subjects = Subjects(settings.bus_prefix)
     nc = await nats.connect(settings.nats_url)
     got: asyncio.Queue = asyncio.Queue()
-    await nc.subscribe(subjects.evt("inventory", "device.changed", "node-02"), cb=lambda m: got.put_nowait(m))
+    await nc.subscribe(subjects.evt("inventory", "device.changed", "node-02"), cb=got.put)
     body = json.dumps(
         {
             "event": "updated",

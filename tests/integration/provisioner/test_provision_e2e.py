@@ -1,0 +1,98 @@
+"""End to end through the gateway against the sushy-tools Redfish emulator (5 hosts at once)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN
+from tests.integration.provisioner.conftest import medium_token, read_sse, wait_job
+
+pytestmark = [pytest.mark.integration, pytest.mark.lab]
+STAGES = ["job_queued", "job_building_media", "job_mounting", "job_booting", "job_step", "job_first_boot",
+          "job_completed"]
+
+
+def body(ip: str, n: int, **extra) -> dict:
+    return {"bmc_IP": ip, "vendor": "dell", "hostname": f"node{n}", "os_password": "os-s3cret-pw",
+            "selected_disks": ["sda", "sdb"], "pool_type": "mirror", "zone": "z1", **extra}
+
+
+async def test_five_hosts_provision_end_to_end(stack):
+    emu = stack.emu
+    routes = ["/controlnode/provision/dell", "/controlnode/provision", "/controlnode/provision/hp",
+              "/controlnode/provision/supermicro", "/controlnode/provision/cisco"]
+    async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
+        sse = asyncio.create_task(read_sse(
+            c, "/controlnode/events?channel=provision",
+            lambda evs: sum(1 for n, _ in evs if n == "job_completed") >= 5, timeout=120))
+        await asyncio.sleep(0.5)
+        t0 = time.perf_counter()
+        posts = await asyncio.gather(*[
+            c.post(route, json=body(ip, n, vendor="generic" if route.endswith("provision") else "dell"),
+                   headers=ADMIN)
+            for n, (ip, route) in enumerate(zip(stack.bmc_ips, routes, strict=True), 1)
+        ])
+        accepted = time.perf_counter() - t0
+        assert [p.status_code for p in posts] == [202] * 5, [p.text for p in posts]
+        assert accepted < 5
+        jobs = [p.json()["job_id"] for p in posts]
+
+        # A second provision for a BMC with a running job is refused.
+        dup = await c.post("/controlnode/provision/dell", json=body(stack.bmc_ips[0], 1), headers=ADMIN)
+        assert dup.status_code == 409, dup.text
+
+        booted = await asyncio.gather(*[wait_job(c, j, {"booting"}) for j in jobs])
+        to_booting = time.perf_counter() - t0
+        print(f"\nPOST → booting for 5 hosts: {to_booting:.2f}s")
+        assert all(b["status"] == "running" for b in booted)
+
+        queue = (await c.get("/controlnode/provision/queue", headers=ADMIN)).json()
+        assert {e["job_id"] for e in queue["entries"]} >= set(jobs)
+
+        for job_id, sid in zip(jobs, emu.system_ids, strict=True):
+            # The emulator downloaded the medium (InsertMedia fails otherwise), boots from CD, is powered on.
+            _, vm = emu.request("GET", f"/redfish/v1/Systems/{sid}/VirtualMedia/Cd")
+            assert vm["Image"].endswith(f"/media/{job_id}.iso") and vm["Inserted"] is True
+            _, system = emu.request("GET", f"/redfish/v1/Systems/{sid}")
+            assert system["Boot"]["BootSourceOverrideTarget"] == "Cd"
+            assert system["PowerState"] == "On"
+
+        # Play the installer: the token comes from the medium itself.
+        for n, (job_id, ip) in enumerate(zip(jobs, stack.bmc_ips, strict=True), 1):
+            token, files = medium_token(stack.cfg.media_dir / f"{job_id}.iso")
+            assert b"os-s3cret-pw" not in files["preseed.cfg"]
+            h = {"X-Karios-Job-Token": token}
+            r = await c.post(f"/controlnode/job/{job_id}/step", json={"step": "partitioning", "state": "active",
+                                                                       "percent": 60}, headers=h)
+            assert r.status_code == 200, r.text
+            r = await c.post(f"/controlnode/job/{job_id}/complete",
+                             json={"os_ip": f"10.1.0.{n}", "os_password": "os-s3cret-pw"}, headers=h)
+            assert r.status_code == 200, r.text
+            r = await c.post("/controlnode/firstboot", json={"bmc_ip": ip, "os_ip": f"10.1.0.{n}"}, headers=h)
+            assert r.status_code == 200 and r.json()["state"] == "completed", r.text
+
+        done = await asyncio.gather(*[wait_job(c, j, {"completed"}) for j in jobs])
+        assert [d["node_ip"] for d in done] == [f"10.1.0.{n}" for n in range(1, 6)]
+        events = await sse
+        for job_id in jobs:
+            names = [n for n, d in events if d["data"].get("job_id") == job_id]
+            assert names == STAGES, names
+            assert all("s3cret" not in str(d) for _, d in events)
+
+        prog = (await c.post("/controlnode/provision/progress/all", json={"bmc_ip": stack.bmc_ips[0]},
+                             headers=ADMIN)).json()
+        assert [p["stage"] for p in prog][:4] == ["Queued", "Building ISO", "Mounting ISO", "Booting"]
+        assert "Installing OS" in [p["stage"] for p in prog]
+        latest = (await c.post("/controlnode/provision/progress", json={"bmc_ip": stack.bmc_ips[0]},
+                               headers=ADMIN)).json()
+        assert latest["status"] == "completed" and latest["percent_complete"] == 100
+        # A callback after completion changes nothing.
+        token, _ = medium_token(stack.cfg.media_dir / f"{jobs[0]}.iso") if (
+            stack.cfg.media_dir / f"{jobs[0]}.iso").exists() else ("x", {})
+        r = await c.post(f"/controlnode/job/{jobs[0]}/step", json={"step": "late", "state": "active"},
+                         headers={"X-Karios-Job-Token": token})
+        assert r.status_code in (401, 409)
