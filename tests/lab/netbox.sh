@@ -309,11 +309,33 @@ with open(os.environ['KARIOS_TOKEN_FILE'], 'w') as f:
     log "cached migrated database: $dst/netbox.dump ($(du -h "$dst/netbox.dump" | cut -f1))"
 }
 
+# pg_restore of the ~1.2 MB dump takes ~6 s (hundreds of tables and indexes), while CREATE DATABASE
+# ... TEMPLATE copies files in ~0.5 s. So the dump is restored once per PostgreSQL cluster into a
+# template database named after the dump's hash (connections disallowed, so cloning never finds it
+# busy), and every up clones that: same content as restoring the dump, ~10x faster.
+psql_admin() { psql -w -d postgres -v ON_ERROR_STOP=1 -Atqc "$1"; }
+
+drop_template() {
+    psql_admin "ALTER DATABASE \"$1\" WITH IS_TEMPLATE false ALLOW_CONNECTIONS true" >/dev/null 2>&1 || true
+    dropdb -w --if-exists --force "$1"
+}
+
 restore_db() {  # $1 = db cache dir
+    local tpl old
+    tpl=${DB_NAME}_tpl_$(sha256sum "$1/netbox.dump" | cut -c1-12)
+    if [ "$(psql_admin "SELECT count(*) FROM pg_database WHERE datname = '$tpl'")" != 1 ]; then
+        log "restoring the dump into template database $tpl (once per dump and cluster)"
+        for old in $(psql_admin "SELECT datname FROM pg_database WHERE datname LIKE '${DB_NAME}\\_tpl\\_%'"); do
+            drop_template "$old"
+        done
+        createdb -w "$tpl.tmp"
+        pg_restore -w --no-owner --no-acl -d "$tpl.tmp" "$1/netbox.dump" \
+            || { drop_template "$tpl.tmp"; die "pg_restore of $1/netbox.dump failed (delete $1 to rebuild it)"; }
+        psql_admin "ALTER DATABASE \"$tpl.tmp\" RENAME TO \"$tpl\"" >/dev/null
+        psql_admin "ALTER DATABASE \"$tpl\" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false" >/dev/null
+    fi
     dropdb -w --if-exists --force "$DB_NAME"
-    createdb -w "$DB_NAME"
-    pg_restore -w --no-owner --no-acl -d "$DB_NAME" "$1/netbox.dump" \
-        || die "pg_restore of $1/netbox.dump failed (delete $1 to rebuild it)"
+    createdb -w -T "$tpl" "$DB_NAME"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -426,7 +448,7 @@ cmd_up() {
     DB_CACHE=$CACHE_DIR/db-pg$(pg_major)
     if [ -f "$DB_CACHE/netbox.dump" ] && [ -f "$DB_CACHE/token" ] && [ -f "$DB_CACHE/secrets.env" ]; then
         write_config "$DB_CACHE/secrets.env"
-        log "restoring $DB_NAME from $DB_CACHE/netbox.dump"
+        log "recreating $DB_NAME from $DB_CACHE/netbox.dump"
         restore_db "$DB_CACHE"
     else
         build_db_cache "$DB_CACHE"   # leaves $DB_NAME freshly migrated: equal to the dump

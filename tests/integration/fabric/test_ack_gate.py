@@ -9,16 +9,31 @@ from tests.conftest import ADMIN
 from tests.integration.fabric.conftest import BASE, OPERATOR
 
 
-async def _audit(settings):
+async def _audit(settings, after: int = 0):
+    """Audit rows with id > after (the log is durable: it outlives deleted configs and earlier tests)."""
     eng = create_async_engine(settings.database_url)
     async with eng.connect() as conn:
-        rows = (await conn.execute(sa.text("SELECT * FROM fabric.switch_ack_audit ORDER BY id"))).mappings().all()
+        rows = (
+            (
+                await conn.execute(
+                    sa.text("SELECT * FROM fabric.switch_ack_audit WHERE id > :a ORDER BY id"), {"a": after}
+                )
+            )
+            .mappings()
+            .all()
+        )
     await eng.dispose()
     return rows
 
 
+async def _last_id(settings) -> int:
+    rows = await _audit(settings)
+    return rows[-1]["id"] if rows else 0
+
+
 async def test_pool_move_needs_the_switch_ack_then_succeeds_and_is_audited(fabric, settings):
     assert (await fabric.post(BASE, OPERATOR)).status_code == 201
+    seen = await _last_id(settings)
     move = {"router_id_cidr": "10.254.0.1/23"}
 
     r = await fabric.post(move, OPERATOR)
@@ -37,28 +52,41 @@ async def test_pool_move_needs_the_switch_ack_then_succeeds_and_is_audited(fabri
     assert (await fabric.get()).json()["router_id_cidr"] == "10.255.0.1/24"  # nothing written
 
     # a wrong hash (here: the cumulus one while acking eos) is refused with a fresh 409
-    wrong = {**move, "switch_acked": True, "acked_by": "olga", "switch_snippet_hash": by_nos["cumulus"]["switch_snippet_hash"]}
+    wrong = {
+        **move,
+        "switch_acked": True,
+        "acked_by": "olga",
+        "switch_snippet_hash": by_nos["cumulus"]["switch_snippet_hash"],
+    }
     r = await fabric.post(wrong, OPERATOR)
     assert r.status_code == 409 and r.json()["field"] == "switch_snippet_hash"
 
     # acking without acked_by is a 422
-    r = await fabric.post({**move, "switch_acked": True, "switch_snippet_hash": eos["switch_snippet_hash"]}, OPERATOR)
+    r = await fabric.post(
+        {**move, "switch_acked": True, "switch_snippet_hash": eos["switch_snippet_hash"]}, OPERATOR
+    )
     assert r.status_code == 422 and r.json()["field"] == "acked_by"
 
     ok = {**move, "switch_acked": True, "acked_by": "olga", "switch_snippet_hash": eos["switch_snippet_hash"]}
     r = await fabric.post(ok, OPERATOR)
     assert r.status_code == 200, r.text
     assert r.json()["router_id_cidr"] == "10.254.0.1/23"
-    audit = await _audit(settings)
+    audit = await _audit(settings, seen)
     assert len(audit) == 1
     a = audit[0]
-    assert (a["acked_by"], a["caller"], a["caller_role"], a["switch_nos"]) == ("olga", "ops-olga", "operator", "eos")
+    assert (a["acked_by"], a["caller"], a["caller_role"], a["switch_nos"]) == (
+        "olga",
+        "ops-olga",
+        "operator",
+        "eos",
+    )
     assert a["switch_snippet_hash"] == eos["switch_snippet_hash"] and a["skipped"] is False
     assert (a["old_range"], a["new_range"]) == ("10.255.0.0/24", "10.254.0.0/23")
 
     # the hash of that move is stale for the next one
-    r = await fabric.post({"router_id_cidr": "10.253.0.1/24", **{k: ok[k] for k in ok if k != "router_id_cidr"}},
-                          OPERATOR)
+    r = await fabric.post(
+        {"router_id_cidr": "10.253.0.1/24", **{k: ok[k] for k in ok if k != "router_id_cidr"}}, OPERATOR
+    )
     assert r.status_code == 409
 
 
@@ -66,23 +94,32 @@ async def test_ack_for_another_nos_uses_that_nos_hash(fabric):
     await fabric.post(BASE)
     r = await fabric.post({"router_id_cidr": "10.254.0.1/24"})
     sonic = next(s for s in r.json()["details"]["snippets"] if s["nos"] == "sonic")
-    r = await fabric.post({"router_id_cidr": "10.254.0.1/24", "switch_acked": True, "switch_nos": "sonic",
-                           "acked_by": "ann", "switch_snippet_hash": sonic["switch_snippet_hash"]})
+    r = await fabric.post(
+        {
+            "router_id_cidr": "10.254.0.1/24",
+            "switch_acked": True,
+            "switch_nos": "sonic",
+            "acked_by": "ann",
+            "switch_snippet_hash": sonic["switch_snippet_hash"],
+        }
+    )
     assert r.status_code == 200, r.text
 
 
 async def test_skip_switch_ack_is_honoured_for_fabric_admin_only(fabric, settings):
     await fabric.post(BASE)
+    seen = await _last_id(settings)
     r = await fabric.post({"router_id_cidr": "10.254.0.1/24", "skip_switch_ack": True}, OPERATOR)
     assert r.status_code == 409 and "fabric_admin" in r.json()["message"]
     r = await fabric.post({"router_id_cidr": "10.254.0.1/24", "skip_switch_ack": True}, ADMIN)
     assert r.status_code == 200, r.text
-    audit = await _audit(settings)
+    audit = await _audit(settings, seen)
     assert len(audit) == 1 and audit[0]["skipped"] is True and audit[0]["caller_role"] == "fabric_admin"
 
 
 async def test_unchanged_pool_and_first_post_need_no_ack(fabric, settings):
+    seen = await _last_id(settings)
     await fabric.post(BASE)
     r = await fabric.post({**BASE, "vxlan_mtu": 9000})
     assert r.status_code == 200
-    assert await _audit(settings) == []
+    assert await _audit(settings, seen) == []

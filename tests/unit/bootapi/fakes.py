@@ -7,7 +7,11 @@ from karios.common.errors import NotFound, ServiceUnavailable, UpstreamError
 from karios.common.netaddr import is_mac, normalize_mac
 
 ALMA = Host(
-    id=11, name="node-a1.lab.example", platform="almalinux-9", role="compute", site="syd1",
+    id=11,
+    name="node-a1.lab.example",
+    platform="almalinux-9",
+    role="compute",
+    site="syd1",
     primary_ipv4="10.20.0.11/24",
     interfaces=[
         HostInterface(name="bmc", macs=["aa:bb:cc:00:00:01"], mgmt_only=True),
@@ -15,19 +19,31 @@ ALMA = Host(
     ],
 )
 FEDORA = Host(
-    id=12, name="node-f1.lab.example", platform="fedora", role="compute",
+    id=12,
+    name="node-f1.lab.example",
+    platform="fedora",
+    role="compute",
     interfaces=[HostInterface(name="eno1", macs=["52:54:00:aa:00:12"])],
 )
 DEBIAN = Host(
-    id=13, name="node-d1.lab.example", platform="debian-12", role="storage",
-    primary_ipv4="10.20.0.13/24", interfaces=[HostInterface(name="eno1", macs=["52:54:00:aa:00:13"])],
+    id=13,
+    name="node-d1.lab.example",
+    platform="debian-12",
+    role="storage",
+    primary_ipv4="10.20.0.13/24",
+    interfaces=[HostInterface(name="eno1", macs=["52:54:00:aa:00:13"])],
 )
 GATED = Host(
-    id=14, name="node-done.lab.example", platform="almalinux-9", pxe_enabled=False,
+    id=14,
+    name="node-done.lab.example",
+    platform="almalinux-9",
+    pxe_enabled=False,
     interfaces=[HostInterface(name="eno1", macs=["52:54:00:aa:00:14"])],
 )
 NO_OS = Host(
-    id=15, name="node-windows.lab.example", platform="windows-2022",
+    id=15,
+    name="node-windows.lab.example",
+    platform="windows-2022",
     interfaces=[HostInterface(name="eno1", macs=["52:54:00:aa:00:15"])],
 )
 HOSTS = [ALMA, FEDORA, DEBIAN, GATED, NO_OS]

@@ -63,7 +63,9 @@ async def test_notations_share_one_cache_entry():
 async def test_errors_reach_every_waiter_and_are_not_cached():
     inner = SlowHosts(fail=True)
     c = cache(inner)
-    results = await asyncio.gather(*(c.by_mac("52:54:00:aa:00:11") for _ in range(50)), return_exceptions=True)
+    results = await asyncio.gather(
+        *(c.by_mac("52:54:00:aa:00:11") for _ in range(50)), return_exceptions=True
+    )
     assert all(isinstance(r, UpstreamError) for r in results)
     assert len(inner.calls) == 1
     inner.fail = False
@@ -86,12 +88,16 @@ async def test_found_hosts_expire_after_ttl_and_misses_sooner():
     assert inner.calls.count(("mac", "52:54:00:aa:00:11")) == 2
 
 
-@pytest.mark.parametrize("event", [
-    DeviceChanged(device_id=11),
-    DeviceChanged(name="NODE-A1.lab.example"),
-    DeviceChanged(macs=["52-54-00-aa-00-11"]),
-    DeviceChanged(macs=["aa:bb:cc:00:00:01"]),  # another MAC of the same device, not the cached key
-], ids=["by-id", "by-name", "by-mac", "by-other-mac"])
+@pytest.mark.parametrize(
+    "event",
+    [
+        DeviceChanged(device_id=11),
+        DeviceChanged(name="NODE-A1.lab.example"),
+        DeviceChanged(macs=["52-54-00-aa-00-11"]),
+        DeviceChanged(macs=["aa:bb:cc:00:00:01"]),  # another MAC of the same device, not the cached key
+    ],
+    ids=["by-id", "by-name", "by-mac", "by-other-mac"],
+)
 async def test_device_changed_drops_every_key_of_the_device(event):
     inner = FixedHosts()
     c = cache(inner)

@@ -14,28 +14,51 @@ from tests.unit.bootapi.fakes import ALMA, DEBIAN, GATED, NO_OS
 TEMPLATES = load_template_set(default_set_dir())
 
 
-@pytest.mark.parametrize("raw", [
-    "52:54:00:AA:00:11", "52-54-00-aa-00-11", "5254.00aa.0011", "525400aa0011", "525400AA0011",
-    "52:54:00:aa:00:11.ipxe", "525400aa0011.IPXE", " 52:54:00:aa:00:11 ",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "52:54:00:AA:00:11",
+        "52-54-00-aa-00-11",
+        "5254.00aa.0011",
+        "525400aa0011",
+        "525400AA0011",
+        "52:54:00:aa:00:11.ipxe",
+        "525400aa0011.IPXE",
+        " 52:54:00:aa:00:11 ",
+    ],
+)
 def test_every_mac_notation_names_the_same_nic(raw):
     assert core.parse_ipxe_mac(raw) == "52:54:00:aa:00:11"
 
 
-@pytest.mark.parametrize("raw", ["", None, "zz:54:00:aa:00:11", "52:54:00:aa:00", "52:54:00:aa:00:11:22",
-                                 "../../etc/passwd", "52:54:00:aa:00:11.ks", "%00"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "",
+        None,
+        "zz:54:00:aa:00:11",
+        "52:54:00:aa:00",
+        "52:54:00:aa:00:11:22",
+        "../../etc/passwd",
+        "52:54:00:aa:00:11.ks",
+        "%00",
+    ],
+)
 def test_things_that_are_not_macs_are_refused(raw):
     assert core.parse_ipxe_mac(raw) is None
 
 
-@pytest.mark.parametrize(("raw", "mac", "name"), [
-    ("52:54:00:aa:00:11", "52:54:00:aa:00:11", None),
-    ("52-54-00-AA-00-11.ks", "52:54:00:aa:00:11", None),
-    ("525400aa0011", "52:54:00:aa:00:11", "525400aa0011"),  # bare hex: MAC first, then a name
-    ("node-a1.lab.example", None, "node-a1.lab.example"),
-    ("node-a1.lab.example.cfg", None, "node-a1.lab.example"),
-    ("node-a1.ks", None, "node-a1"),
-])
+@pytest.mark.parametrize(
+    ("raw", "mac", "name"),
+    [
+        ("52:54:00:aa:00:11", "52:54:00:aa:00:11", None),
+        ("52-54-00-AA-00-11.ks", "52:54:00:aa:00:11", None),
+        ("525400aa0011", "52:54:00:aa:00:11", "525400aa0011"),  # bare hex: MAC first, then a name
+        ("node-a1.lab.example", None, "node-a1.lab.example"),
+        ("node-a1.lab.example.cfg", None, "node-a1.lab.example"),
+        ("node-a1.ks", None, "node-a1"),
+    ],
+)
 def test_ks_ident_is_a_mac_or_a_hostname(raw, mac, name):
     assert core.parse_ident(raw) == core.Ident(mac=mac, name=name)
 
@@ -45,14 +68,17 @@ def test_ks_ident_that_is_neither_is_refused(raw):
     assert core.parse_ident(raw) is None
 
 
-@pytest.mark.parametrize(("headers", "token"), [
-    ({"authorization": "Bearer s3cret"}, "s3cret"),
-    ({"authorization": "bearer  s3cret "}, "s3cret"),
-    ({"token": "s3cret"}, "s3cret"),
-    ({"authorization": "Basic abc"}, None),
-    ({"authorization": "Bearer "}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    ("headers", "token"),
+    [
+        ({"authorization": "Bearer s3cret"}, "s3cret"),
+        ({"authorization": "bearer  s3cret "}, "s3cret"),
+        ({"token": "s3cret"}, "s3cret"),
+        ({"authorization": "Basic abc"}, None),
+        ({"authorization": "Bearer "}, None),
+        ({}, None),
+    ],
+)
 def test_token_comes_from_bearer_or_a_bare_token_header(headers, token):
     assert core.bearer_token(headers) == token
 
@@ -63,13 +89,16 @@ def test_token_comparison():
     assert not core.token_matches(None, "s3cret")
 
 
-@pytest.mark.parametrize(("host", "entry", "reason"), [
-    (None, None, FallbackReason.UNKNOWN),
-    (GATED, None, FallbackReason.GATED),
-    (NO_OS, None, FallbackReason.NO_CATALOG),
-    (ALMA, "almalinux-9", None),
-    (DEBIAN, "debian-12", None),
-])
+@pytest.mark.parametrize(
+    ("host", "entry", "reason"),
+    [
+        (None, None, FallbackReason.UNKNOWN),
+        (GATED, None, FallbackReason.GATED),
+        (NO_OS, None, FallbackReason.NO_CATALOG),
+        (ALMA, "almalinux-9", None),
+        (DEBIAN, "debian-12", None),
+    ],
+)
 def test_boot_decision(host, entry, reason):
     d = core.decide_boot(host, TEMPLATES)
     assert (d.entry.name if d.entry else None, d.reason) == (entry, reason)
@@ -78,7 +107,9 @@ def test_boot_decision(host, entry, reason):
 def _entry(name, platforms, roles=()):
     return parse_catalog_entry(
         f"platforms: {list(platforms)}\nroles: {list(roles)}\ninstaller: kickstart\ntemplate: t.j2\n"
-        "kernel: http://m/vmlinuz\ninitrd: [http://m/initrd.img]\n", default_name=name)
+        "kernel: http://m/vmlinuz\ninitrd: [http://m/initrd.img]\n",
+        default_name=name,
+    )
 
 
 def test_catalog_prefers_an_entry_for_the_hosts_role():
@@ -94,13 +125,16 @@ def test_catalog_refuses_two_entries_for_the_same_platform_and_role():
         Catalog.of([_entry("a", ["alma"]), _entry("b", ["alma"])])
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("platforms: [x]\n", "installer"),
-    ("- a list\n", "mapping"),
-    ("platforms: [x\n", "invalid YAML"),
-    ("platforms: [x]\ninstaller: windows\ntemplate: t\nkernel: k\ninitrd: [i]\n", "installer"),
-    ("platforms: [x]\ninstaller: preseed\ntemplate: t\nkernel: k\ninitrd: [i]\nbogus: 1\n", "bogus"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("platforms: [x]\n", "installer"),
+        ("- a list\n", "mapping"),
+        ("platforms: [x\n", "invalid YAML"),
+        ("platforms: [x]\ninstaller: windows\ntemplate: t\nkernel: k\ninitrd: [i]\n", "installer"),
+        ("platforms: [x]\ninstaller: preseed\ntemplate: t\nkernel: k\ninitrd: [i]\nbogus: 1\n", "bogus"),
+    ],
+)
 def test_bad_catalog_files_name_the_problem(text, message):
     with pytest.raises(ValueError, match=message):
         parse_catalog_entry(text, default_name="x")
@@ -109,7 +143,9 @@ def test_bad_catalog_files_name_the_problem(text, message):
 def test_relative_boot_images_are_joined_to_the_repo():
     e = TEMPLATES.catalog.by_name("almalinux-9")
     assert e.kernel_url == "https://repo.almalinux.org/almalinux/9/BaseOS/x86_64/os/images/pxeboot/vmlinuz"
-    assert e.initrd_urls == ["https://repo.almalinux.org/almalinux/9/BaseOS/x86_64/os/images/pxeboot/initrd.img"]
+    assert e.initrd_urls == [
+        "https://repo.almalinux.org/almalinux/9/BaseOS/x86_64/os/images/pxeboot/initrd.img"
+    ]
 
 
 def test_shipped_catalog_has_alma_fedora_and_debian_preseed():
@@ -118,8 +154,9 @@ def test_shipped_catalog_has_alma_fedora_and_debian_preseed():
     assert by_name["debian-12"].installer == "preseed"
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("3m", 180), ("90s", 90), ("1h30m", 5400), ("250ms", 0.25),
-                                               ("45", 45), (12, 12)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("3m", 180), ("90s", 90), ("1h30m", 5400), ("250ms", 0.25), ("45", 45), (12, 12)]
+)
 def test_durations_are_go_style(text, seconds):
     assert parse_duration(text) == seconds
 

@@ -12,7 +12,9 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "openapi" / "bootapi.json"
 
 def test_docs_openapi_bootapi_json_is_current():
     current = json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n"
-    assert DOC.exists(), "docs/openapi/bootapi.json missing: python -m karios.bootapi openapi -o docs/openapi/bootapi.json"
+    assert DOC.exists(), (
+        "docs/openapi/bootapi.json missing: python -m karios.bootapi openapi -o docs/openapi/bootapi.json"
+    )
     assert DOC.read_text() == current, (
         "docs/openapi/bootapi.json is stale: run `uv run python -m karios.bootapi openapi -o docs/openapi/bootapi.json`"
     )
@@ -20,6 +22,13 @@ def test_docs_openapi_bootapi_json_is_current():
 
 def test_openapi_documents_every_seed_endpoint():
     paths = openapi_document()["paths"]
-    assert set(paths) >= {"/ipxe/{mac}", "/boot/ipxe", "/ks/{ident}", "/provisioned/{ident}", "/healthz",
-                          "/readyz", "/metrics"}
+    assert set(paths) >= {
+        "/ipxe/{mac}",
+        "/boot/ipxe",
+        "/ks/{ident}",
+        "/provisioned/{ident}",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    }
     assert set(paths["/provisioned/{ident}"]["post"]["responses"]) >= {"204", "401", "404", "502", "503"}

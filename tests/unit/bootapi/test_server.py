@@ -23,8 +23,14 @@ def make_server(hosts, fallback="local", token=TOKEN) -> BootServer:
     metrics = BootapiMetrics()
     store = TemplateStore(metrics)
     store.publish(TEMPLATES)
-    return BootServer(hosts=CachedHostSource(hosts, metrics), templates=store, metrics=metrics, base_url=BASE,
-                      fallback=fallback, provision_token=token)
+    return BootServer(
+        hosts=CachedHostSource(hosts, metrics),
+        templates=store,
+        metrics=metrics,
+        base_url=BASE,
+        fallback=fallback,
+        provision_token=token,
+    )
 
 
 def sample(server: BootServer, name: str, labels: dict | None = None) -> float:
@@ -32,16 +38,20 @@ def sample(server: BootServer, name: str, labels: dict | None = None) -> float:
 
 
 @pytest.mark.parametrize("fallback", ["local", "shell"])
-@pytest.mark.parametrize(("hosts", "mac", "reason"), [
-    (EmptyHosts(), "52:54:00:aa:00:11", "unknown"),
-    (FixedHosts(), "52:54:00:ff:ff:ff", "unknown"),
-    (FixedHosts(), "not-a-mac", "bad_mac"),
-    (FixedHosts(), None, "bad_mac"),
-    (BrokenHosts(), "52:54:00:aa:00:11", "error"),
-    (BrokenHosts(UNAVAILABLE), "52:54:00:aa:00:11", "error"),
-    (FixedHosts(), "52:54:00:aa:00:14", "gated"),
-    (FixedHosts(), "52:54:00:aa:00:15", "no_catalog"),
-], ids=["empty", "unknown", "bad-mac", "no-mac", "broken", "nobody-answers", "gated", "no-catalog"])
+@pytest.mark.parametrize(
+    ("hosts", "mac", "reason"),
+    [
+        (EmptyHosts(), "52:54:00:aa:00:11", "unknown"),
+        (FixedHosts(), "52:54:00:ff:ff:ff", "unknown"),
+        (FixedHosts(), "not-a-mac", "bad_mac"),
+        (FixedHosts(), None, "bad_mac"),
+        (BrokenHosts(), "52:54:00:aa:00:11", "error"),
+        (BrokenHosts(UNAVAILABLE), "52:54:00:aa:00:11", "error"),
+        (FixedHosts(), "52:54:00:aa:00:14", "gated"),
+        (FixedHosts(), "52:54:00:aa:00:15", "no_catalog"),
+    ],
+    ids=["empty", "unknown", "bad-mac", "no-mac", "broken", "nobody-answers", "gated", "no-catalog"],
+)
 async def test_ipxe_falls_back_instead_of_failing(hosts, mac, reason, fallback):
     server = make_server(hosts, fallback=fallback)
     script = await server.ipxe_script(mac)
@@ -59,8 +69,16 @@ async def test_ipxe_known_enabled_host_gets_its_installer():
     assert sample(server, "bootapi_render_total", {"kind": "ipxe", "result": "ok"}) == 1
 
 
-@pytest.mark.parametrize("ident", ["node-a1.lab.example", "52:54:00:aa:00:11", "525400aa0011.ks",
-                                   "node-a1.lab.example.cfg", "aa-bb-cc-00-00-01"])
+@pytest.mark.parametrize(
+    "ident",
+    [
+        "node-a1.lab.example",
+        "52:54:00:aa:00:11",
+        "525400aa0011.ks",
+        "node-a1.lab.example.cfg",
+        "aa-bb-cc-00-00-01",
+    ],
+)
 async def test_ks_by_mac_or_hostname(ident):
     text = await make_server(FixedHosts()).install_config(ident)
     assert text.startswith("# Kickstart for node-a1.lab.example (almalinux-9)")
@@ -76,32 +94,80 @@ async def test_preseed_for_debian_host():
     assert "d-i netcfg/get_hostname string node-d1" in text
 
 
-@pytest.mark.parametrize(("hosts", "ident", "error"), [
-    (EmptyHosts(), "node-a1.lab.example", NotFound),
-    (FixedHosts(), "52:54:00:ff:ff:ff", NotFound),
-    (FixedHosts(), "../../etc/passwd", NotFound),
-    (FixedHosts(), "node-windows.lab.example", NotFound),
-    (BrokenHosts(), "node-a1.lab.example", UpstreamError),
-    (BrokenHosts(UNAVAILABLE), "52:54:00:aa:00:11", UpstreamError),
-])
+@pytest.mark.parametrize(
+    ("hosts", "ident", "error"),
+    [
+        (EmptyHosts(), "node-a1.lab.example", NotFound),
+        (FixedHosts(), "52:54:00:ff:ff:ff", NotFound),
+        (FixedHosts(), "../../etc/passwd", NotFound),
+        (FixedHosts(), "node-windows.lab.example", NotFound),
+        (BrokenHosts(), "node-a1.lab.example", UpstreamError),
+        (BrokenHosts(UNAVAILABLE), "52:54:00:aa:00:11", UpstreamError),
+    ],
+)
 async def test_ks_errors(hosts, ident, error):
     with pytest.raises(error):
         await make_server(hosts).install_config(ident)
 
 
-@pytest.mark.parametrize(("token", "headers", "hosts", "ident", "error", "result"), [
-    (TOKEN, {"authorization": f"Bearer {TOKEN}"}, FixedHosts(), "node-a1.lab.example", None, "ok"),
-    (TOKEN, {"token": TOKEN}, FixedHosts(), "52-54-00-aa-00-11", None, "ok"),
-    (TOKEN, {}, FixedHosts(), "node-a1.lab.example", Unauthorized, "unauthorized"),
-    (TOKEN, {"authorization": "Bearer wrong"}, FixedHosts(), "node-a1.lab.example", Unauthorized, "unauthorized"),
-    (TOKEN, {"authorization": f"Bearer {TOKEN}"}, FixedHosts(), "nobody.lab.example", NotFound, "notfound"),
-    (None, {"authorization": f"Bearer {TOKEN}"}, FixedHosts(), "node-a1.lab.example", ServiceUnavailable,
-     "disabled"),
-    (TOKEN, {"authorization": f"Bearer {TOKEN}"}, BrokenHosts(), "node-a1.lab.example", UpstreamError, "error"),
-    (TOKEN, {"authorization": f"Bearer {TOKEN}"}, BrokenHosts(UNAVAILABLE), "node-a1.lab.example", UpstreamError,
-     "error"),
-], ids=["bearer", "bare-token", "missing", "wrong", "unknown", "no-token-configured", "write-fails",
-        "nobody-answers"])
+@pytest.mark.parametrize(
+    ("token", "headers", "hosts", "ident", "error", "result"),
+    [
+        (TOKEN, {"authorization": f"Bearer {TOKEN}"}, FixedHosts(), "node-a1.lab.example", None, "ok"),
+        (TOKEN, {"token": TOKEN}, FixedHosts(), "52-54-00-aa-00-11", None, "ok"),
+        (TOKEN, {}, FixedHosts(), "node-a1.lab.example", Unauthorized, "unauthorized"),
+        (
+            TOKEN,
+            {"authorization": "Bearer wrong"},
+            FixedHosts(),
+            "node-a1.lab.example",
+            Unauthorized,
+            "unauthorized",
+        ),
+        (
+            TOKEN,
+            {"authorization": f"Bearer {TOKEN}"},
+            FixedHosts(),
+            "nobody.lab.example",
+            NotFound,
+            "notfound",
+        ),
+        (
+            None,
+            {"authorization": f"Bearer {TOKEN}"},
+            FixedHosts(),
+            "node-a1.lab.example",
+            ServiceUnavailable,
+            "disabled",
+        ),
+        (
+            TOKEN,
+            {"authorization": f"Bearer {TOKEN}"},
+            BrokenHosts(),
+            "node-a1.lab.example",
+            UpstreamError,
+            "error",
+        ),
+        (
+            TOKEN,
+            {"authorization": f"Bearer {TOKEN}"},
+            BrokenHosts(UNAVAILABLE),
+            "node-a1.lab.example",
+            UpstreamError,
+            "error",
+        ),
+    ],
+    ids=[
+        "bearer",
+        "bare-token",
+        "missing",
+        "wrong",
+        "unknown",
+        "no-token-configured",
+        "write-fails",
+        "nobody-answers",
+    ],
+)
 async def test_provisioned_matrix(token, headers, hosts, ident, error, result):
     server = make_server(hosts, token=token)
     if error is None:

@@ -157,7 +157,7 @@ class ProvisionProjector:
         while True:
             try:
                 msgs = await self._sub.fetch(50, timeout=1.0)
-            except nats.errors.TimeoutError:
+            except (nats.errors.TimeoutError, TimeoutError):
                 continue
             except asyncio.CancelledError:
                 raise

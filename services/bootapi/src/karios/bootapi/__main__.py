@@ -39,7 +39,9 @@ def _serve(_args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bootapi", description="Karios bootapi")
     sub = parser.add_subparsers(dest="command")
-    sub.add_parser("serve", help="serve HTTP (and HTTPS if BOOTAPI_TLS_LISTEN_ADDR is set)").set_defaults(func=_serve)
+    sub.add_parser("serve", help="serve HTTP (and HTTPS if BOOTAPI_TLS_LISTEN_ADDR is set)").set_defaults(
+        func=_serve
+    )
     v = sub.add_parser("validate", help="validate a template + catalog set (for the templates repo CI)")
     v.add_argument("dir", help="directory holding catalog/ and templates/")
     v.set_defaults(func=_validate)

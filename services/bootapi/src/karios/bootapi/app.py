@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Path as PathParam, Query, Request
+from fastapi import FastAPI, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, Response
+from faststream.nats import NatsMessage
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
@@ -41,8 +43,13 @@ Boot path for PXE-booting hosts, served over **plain HTTP** (installers have no 
 * `POST /provisioned/{ident}` clears `pxe_enabled` (token-guarded).
 """
 
-_ENDPOINTS = (("/ipxe/", "ipxe"), ("/boot/ipxe", "ipxe"), ("/ks/", "ks"), ("/healthz", "healthz"),
-              ("/readyz", "readyz"))
+_ENDPOINTS = (
+    ("/ipxe/", "ipxe"),
+    ("/boot/ipxe", "ipxe"),
+    ("/ks/", "ks"),
+    ("/healthz", "healthz"),
+    ("/readyz", "readyz"),
+)
 
 
 class RequestCounter:
@@ -51,8 +58,12 @@ class RequestCounter:
     def __init__(self, app: Any, metrics: BootapiMetrics) -> None:
         self.app, self.metrics = app, metrics
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Awaitable[Any]],
-                       send: Callable[..., Awaitable[Any]]) -> None:
+    async def __call__(
+        self,
+        scope: dict[str, Any],
+        receive: Callable[..., Awaitable[Any]],
+        send: Callable[..., Awaitable[Any]],
+    ) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path: str = scope.get("path", "")
@@ -99,21 +110,29 @@ def create_app(
     store = TemplateStore(metrics)
     initial_templates(boot, store)
     hosts = CachedHostSource(
-        host_source or BusHostSource(rt.bus), metrics, ttl=boot.cache_ttl, negative_ttl=boot.cache_negative_ttl,
+        host_source or BusHostSource(rt.bus),
+        metrics,
+        ttl=boot.cache_ttl,
+        negative_ttl=boot.cache_negative_ttl,
         max_entries=boot.cache_size,
     )
     server = BootServer(
-        hosts=hosts, templates=store, metrics=metrics,
+        hosts=hosts,
+        templates=store,
+        metrics=metrics,
         base_url=boot.resolved_base_url(settings.host, settings.bootapi_port),
         fallback=boot.unknown_mac_fallback,
         provision_token=boot.provision_token.get_secret_value() if boot.provision_token else None,
     )
     sync = (
-        GitTemplateSync(boot.template_git_url, store, interval=boot.template_git_interval, ref=boot.template_git_ref)
-        if boot.template_git_url else None
+        GitTemplateSync(
+            boot.template_git_url, store, interval=boot.template_git_interval, ref=boot.template_git_ref
+        )
+        if boot.template_git_url
+        else None
     )
 
-    async def on_inventory_event(body: Any, msg: Any) -> None:
+    async def on_inventory_event(body: Any, msg: NatsMessage) -> None:
         try:
             _domain, fact, _entity = subjects.parse_event(msg.raw_message.subject)
             if fact != "device.changed":
@@ -149,36 +168,57 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(RequestCounter, metrics=metrics)
 
-    ipxe_doc = {200: {"content": {"text/plain": {}}, "description": "An iPXE script (installer or fallback)."}}
-    text_doc = {200: {"content": {"text/plain": {}}, "description": "Rendered kickstart or preseed."},
-                404: {"description": "Unknown host (or no catalog entry for it)."},
-                502: {"description": "The inventory failed."}}
+    ipxe_doc = {
+        200: {"content": {"text/plain": {}}, "description": "An iPXE script (installer or fallback)."}
+    }
+    text_doc = {
+        200: {"content": {"text/plain": {}}, "description": "Rendered kickstart or preseed."},
+        404: {"description": "Unknown host (or no catalog entry for it)."},
+        502: {"description": "The inventory failed."},
+    }
 
     @app.get("/ipxe/{mac}", response_class=PlainTextResponse, responses=ipxe_doc, tags=["boot"])
-    async def ipxe(mac: str = PathParam(description="MAC with `:`/`-`/`.` separators or bare hex; "
-                                                    "a trailing `.ipxe` is stripped.")) -> PlainTextResponse:
+    async def ipxe(
+        mac: str = PathParam(
+            description="MAC with `:`/`-`/`.` separators or bare hex; a trailing `.ipxe` is stripped."
+        ),
+    ) -> PlainTextResponse:
         """iPXE boot script for the host owning ``mac``; never 404 (fallback script instead)."""
         return PlainTextResponse(await server.ipxe_script(mac), media_type=TEXT)
 
     @app.get("/boot/ipxe", response_class=PlainTextResponse, responses=ipxe_doc, tags=["boot"])
-    async def boot_ipxe(mac: str | None = Query(None, description="MAC in any notation.")) -> PlainTextResponse:
+    async def boot_ipxe(
+        mac: str | None = Query(None, description="MAC in any notation."),
+    ) -> PlainTextResponse:
         """Query-string alias of ``/ipxe/{mac}``."""
         return PlainTextResponse(await server.ipxe_script(mac), media_type=TEXT)
 
     @app.get("/ks/{ident}", response_class=PlainTextResponse, responses=text_doc, tags=["boot"])
-    async def install_config(ident: str = PathParam(description="MAC (auto-detected) or hostname; "
-                                                                "`.ks`/`.cfg` stripped.")) -> PlainTextResponse:
+    async def install_config(
+        ident: str = PathParam(description="MAC (auto-detected) or hostname; `.ks`/`.cfg` stripped."),
+    ) -> PlainTextResponse:
         """Rendered kickstart (RHEL family) or preseed (Debian) for the host."""
         return PlainTextResponse(await server.install_config(ident), media_type=TEXT)
 
     @app.post(
-        "/provisioned/{ident}", status_code=204, tags=["boot"],
-        responses={204: {"description": "pxe_enabled cleared."}, 401: {"description": "Missing or wrong token."},
-                   404: {"description": "Unknown host."}, 503: {"description": "No provision token configured."},
-                   502: {"description": "The inventory write failed."}},
+        "/provisioned/{ident}",
+        status_code=204,
+        tags=["boot"],
+        responses={
+            204: {"description": "pxe_enabled cleared."},
+            401: {"description": "Missing or wrong token."},
+            404: {"description": "Unknown host."},
+            503: {"description": "No provision token configured."},
+            502: {"description": "The inventory write failed."},
+        },
     )
-    async def provisioned(request: Request, ident: str = PathParam(description="MAC or hostname.")) -> Response:
-        """End-of-install callback: turns the host's PXE gate off. Token: ``Authorization: Bearer`` or ``token``."""
+    async def provisioned(
+        request: Request, ident: str = PathParam(description="MAC or hostname.")
+    ) -> Response:
+        """End-of-install callback: turns the host's PXE gate off.
+
+        Token: ``Authorization: Bearer <token>`` or a bare ``token`` header.
+        """
         await server.provisioned(ident, request.headers)
         return Response(status_code=204)
 
@@ -187,8 +227,12 @@ def create_app(
         """Liveness: always ``200 ok``."""
         return PlainTextResponse("ok\n", media_type=TEXT)
 
-    @app.get("/readyz", response_class=PlainTextResponse, tags=["ops"],
-             responses={503: {"description": "No template set parsed yet."}})
+    @app.get(
+        "/readyz",
+        response_class=PlainTextResponse,
+        tags=["ops"],
+        responses={503: {"description": "No template set parsed yet."}},
+    )
     async def readyz() -> PlainTextResponse:
         """Readiness: 200 once a template set is parsed. Does not probe the inventory or NetBox."""
         if not store.ready:
@@ -206,7 +250,8 @@ def create_app(
 def openapi_document() -> dict[str, Any]:
     """The published contract (``docs/openapi/bootapi.json``), built without any I/O."""
     app = create_app(
-        KariosSettings(dev_mode=True, log_json=True), BootapiSettings(_env_file=None),  # type: ignore[call-arg]
+        KariosSettings(dev_mode=True, log_json=True),
+        BootapiSettings(_env_file=None),  # type: ignore[call-arg]
         host_source=_NoHosts(),
     )
     return app.openapi()
@@ -221,5 +266,3 @@ class _NoHosts:
 
     async def set_pxe_enabled(self, ident: str, enabled: bool) -> None:
         return None
-
-

@@ -150,7 +150,9 @@ def installer_args(entry: CatalogEntry, config: str) -> list[str]:
     return [*entry.args, *extra, *names]
 
 
-def render_ipxe_script(templates: TemplateSet, host: Host, mac: str, entry: CatalogEntry, base_url: str) -> str:
+def render_ipxe_script(
+    templates: TemplateSet, host: Host, mac: str, entry: CatalogEntry, base_url: str
+) -> str:
     """The installer boot script for ``host`` booting from ``mac``."""
     return templates.render(
         "ipxe/boot.ipxe.j2",

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from karios.bootapi.metrics import BootapiMetrics
 from karios.common.bus.runtime import Bus
 from karios.common.contracts.inventory import DeviceChanged, Host, HostQuery, SetPxeEnabled
 from karios.common.errors import KariosError, NotFound, UpstreamError
 from karios.common.netaddr import normalize_mac
-from karios.bootapi.metrics import BootapiMetrics
 
 
 class HostSource(Protocol):
@@ -44,7 +44,9 @@ class BusHostSource:
         try:
             return Host.model_validate(result)
         except ValidationError as exc:
-            raise UpstreamError(f"inventory answered a malformed host: {exc.errors()[0].get('msg')}") from None
+            raise UpstreamError(
+                f"inventory answered a malformed host: {exc.errors()[0].get('msg')}"
+            ) from None
 
     async def by_mac(self, mac: str) -> Host | None:
         return await self._lookup(HostQuery(mac=mac))
@@ -54,7 +56,8 @@ class BusHostSource:
 
     async def set_pxe_enabled(self, ident: str, enabled: bool) -> None:
         await self.bus.request(
-            self.bus.subjects.request("inventory", "set_pxe_enabled"), SetPxeEnabled(ident=ident, enabled=enabled)
+            self.bus.subjects.request("inventory", "set_pxe_enabled"),
+            SetPxeEnabled(ident=ident, enabled=enabled),
         )
 
 
@@ -69,8 +72,14 @@ class CachedHostSource:
     """
 
     def __init__(
-        self, inner: HostSource, metrics: BootapiMetrics, *, ttl: float = 300.0, negative_ttl: float = 15.0,
-        max_entries: int = 100_000, clock: Any = time.monotonic,
+        self,
+        inner: HostSource,
+        metrics: BootapiMetrics,
+        *,
+        ttl: float = 300.0,
+        negative_ttl: float = 15.0,
+        max_entries: int = 100_000,
+        clock: Any = time.monotonic,
     ) -> None:
         self.inner, self.metrics = inner, metrics
         self.ttl, self.negative_ttl, self.max_entries, self.clock = ttl, negative_ttl, max_entries, clock
@@ -155,7 +164,9 @@ class CachedHostSource:
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
 
-    def invalidate(self, *, device_id: int | None = None, name: str = "", macs: list[str] | tuple[str, ...] = ()) -> int:
+    def invalidate(
+        self, *, device_id: int | None = None, name: str = "", macs: list[str] | tuple[str, ...] = ()
+    ) -> int:
         """Drop every entry of a device (by id, name or MAC, including cached misses); returns how many."""
         self._epoch += 1
         dropped = 0

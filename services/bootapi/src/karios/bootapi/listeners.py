@@ -15,23 +15,36 @@ def build_servers(settings: KariosSettings, boot: BootapiSettings) -> list[uvico
     """One uvicorn server per listener; only the plain one runs the app's lifespan."""
     app = create_app(settings, boot)
     host, port = boot.resolved_listen_addr(settings.host, settings.bootapi_port)
-    servers = [uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                             lifespan="on"))]
+    servers = [
+        uvicorn.Server(
+            uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
+        )
+    ]
     if boot.tls_listen_addr:
         if not (boot.tls_cert_file and boot.tls_key_file):
             raise SystemExit("BOOTAPI_TLS_LISTEN_ADDR needs BOOTAPI_TLS_CERT_FILE and BOOTAPI_TLS_KEY_FILE")
         thost, tport = split_addr(boot.tls_listen_addr)
-        servers.append(uvicorn.Server(uvicorn.Config(
-            app, host=thost, port=tport, log_level="warning", access_log=False, lifespan="off",
-            ssl_certfile=str(boot.tls_cert_file), ssl_keyfile=str(boot.tls_key_file),
-        )))
+        servers.append(
+            uvicorn.Server(
+                uvicorn.Config(
+                    app,
+                    host=thost,
+                    port=tport,
+                    log_level="warning",
+                    access_log=False,
+                    lifespan="off",
+                    ssl_certfile=str(boot.tls_cert_file),
+                    ssl_keyfile=str(boot.tls_key_file),
+                )
+            )
+        )
     return servers
 
 
 async def serve(settings: KariosSettings | None = None, boot: BootapiSettings | None = None) -> None:
     servers = build_servers(settings or KariosSettings(), boot or BootapiSettings())
     first = asyncio.create_task(servers[0].serve())
-    while not servers[0].started and not first.done():
+    while not servers[0].started and not first.done():  # noqa: ASYNC110 - uvicorn exposes only a flag
         await asyncio.sleep(0.05)
     others = [asyncio.create_task(s.serve()) for s in servers[1:]]
     await first

@@ -16,23 +16,33 @@ class BootapiMetrics:
     def __post_init__(self) -> None:
         r = self.registry
         self.http_requests = Counter(
-            "bootapi_http_requests_total", "HTTP requests by endpoint and status class.",
-            ["endpoint", "status"], registry=r,
+            "bootapi_http_requests_total",
+            "HTTP requests by endpoint and status class.",
+            ["endpoint", "status"],
+            registry=r,
         )
         self.render = Counter(
             "bootapi_render_total", "Rendered scripts/configs.", ["kind", "result"], registry=r
         )
         self.lookups = Counter(
-            "bootapi_netbox_lookups_total", "Host lookups sent to the inventory (cache misses).",
-            ["field", "result"], registry=r,
+            "bootapi_netbox_lookups_total",
+            "Host lookups sent to the inventory (cache misses).",
+            ["field", "result"],
+            registry=r,
         )
         self.lookup_duration = Histogram(
-            "bootapi_netbox_lookup_duration_seconds", "Inventory host lookup latency.", ["field"],
-            registry=r, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            "bootapi_netbox_lookup_duration_seconds",
+            "Inventory host lookup latency.",
+            ["field"],
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
         )
-        self.cache_hits = Counter("bootapi_netbox_cache_hits", "Host lookups answered from memory.", registry=r)
-        self.cache_misses = Counter("bootapi_netbox_cache_misses", "Host lookups that went to the inventory.",
-                                    registry=r)
+        self.cache_hits = Counter(
+            "bootapi_netbox_cache_hits", "Host lookups answered from memory.", registry=r
+        )
+        self.cache_misses = Counter(
+            "bootapi_netbox_cache_misses", "Host lookups that went to the inventory.", registry=r
+        )
         self.provisioned = Counter(
             "bootapi_provisioned", "POST /provisioned outcomes.", ["result"], registry=r
         )
@@ -44,7 +54,9 @@ class BootapiMetrics:
         )
         self.template_sync = Counter("bootapi_template_sync", "Template git syncs attempted.", registry=r)
         self.template_sync_failures = Counter(
-            "bootapi_template_sync_failures", "Template git syncs that failed (last good set kept).", registry=r
+            "bootapi_template_sync_failures",
+            "Template git syncs that failed (last good set kept).",
+            registry=r,
         )
         self.template_generation = Gauge(
             "bootapi_template_generation", "Generation of the template set being served.", registry=r

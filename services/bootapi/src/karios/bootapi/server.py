@@ -96,10 +96,19 @@ class BootServer:
         except NoCatalogEntry as exc:
             raise NotFound(f"host {host.name!r}: {exc.message}") from None
         kind = core.config_kind(entry)
-        mac = ident.mac if ident.mac and host.name.lower() != (ident.name or "").lower() else core.boot_mac(host)
+        mac = (
+            ident.mac
+            if ident.mac and host.name.lower() != (ident.name or "").lower()
+            else core.boot_mac(host)
+        )
         try:
             text = core.render_install_config(
-                templates, host, entry, mac=mac, base_url=self.base_url, provision_token=self.provision_token or ""
+                templates,
+                host,
+                entry,
+                mac=mac,
+                base_url=self.base_url,
+                provision_token=self.provision_token or "",
             )
         except TemplateRenderError as exc:
             self.metrics.render.labels(kind, "error").inc()
@@ -115,7 +124,9 @@ class BootServer:
         try:
             if not self.provision_token:
                 result = "disabled"
-                raise ServiceUnavailable("the provisioned callback is disabled: no BOOTAPI_PROVISION_TOKEN set")
+                raise ServiceUnavailable(
+                    "the provisioned callback is disabled: no BOOTAPI_PROVISION_TOKEN set"
+                )
             if not core.token_matches(core.bearer_token(headers), self.provision_token):
                 result = "unauthorized"
                 raise Unauthorized("missing or wrong provision token")

@@ -36,20 +36,29 @@ def parse_duration(value: str | float | int) -> float:
 class BootapiSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BOOTAPI_", extra="ignore")
 
-    listen_addr: str = Field("", description="host:port of the plain-HTTP listener (default: KARIOS host:bootapi_port).")
+    listen_addr: str = Field(
+        "", description="host:port of the plain-HTTP listener (default: KARIOS host:bootapi_port)."
+    )
     tls_listen_addr: str = Field("", description="host:port of the optional parallel HTTPS listener.")
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
-    base_url: str = Field("", description="http:// URL installers use to reach bootapi (default from listen_addr).")
+    base_url: str = Field(
+        "", description="http:// URL installers use to reach bootapi (default from listen_addr)."
+    )
     unknown_mac_fallback: Literal["local", "shell"] = Field(
-        "local", description="Script for unknown/gated MACs and inventory errors: sanboot the disk, or iPXE shell."
+        "local",
+        description="Script for unknown/gated MACs and inventory errors: sanboot the disk, or iPXE shell.",
     )
     provision_token: SecretStr | None = Field(None, description="Shared token for POST /provisioned/{ident}.")
-    template_git_url: str = Field("", description="Templates repo (catalog/ + templates/); empty = embedded set.")
+    template_git_url: str = Field(
+        "", description="Templates repo (catalog/ + templates/); empty = embedded set."
+    )
     template_git_ref: str = Field("", description="Branch to follow (default: the remote's HEAD).")
     template_git_interval: float = Field(180.0, description="Re-pull period (Go-style duration, default 3m).")
     template_dir: Path | None = Field(None, description="A local template set directory instead of git.")
-    cache_ttl: float = Field(300.0, description="Seconds a found host stays cached (device.changed drops it early).")
+    cache_ttl: float = Field(
+        300.0, description="Seconds a found host stays cached (device.changed drops it early)."
+    )
     cache_negative_ttl: float = Field(15.0, description="Seconds an unknown MAC/name stays cached.")
     cache_size: int = Field(100_000, description="Most hosts kept in memory.")
 
@@ -72,7 +81,7 @@ class BootapiSettings(BaseSettings):
         if self.base_url:
             return self.base_url.rstrip("/")
         host, port = self.resolved_listen_addr(default_host, default_port)
-        if host in ("", "0.0.0.0", "::"):  # noqa: S104 - only to build a URL
+        if host in ("", "0.0.0.0", "::"):
             host = "127.0.0.1"
         return f"http://{host}:{port}"
 
@@ -82,4 +91,4 @@ def split_addr(addr: str) -> tuple[str, int]:
     host, _, port = addr.rpartition(":")
     if not port.isdigit():
         raise ValueError(f"listen address needs a port: {addr!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - ":8081" means all interfaces, as in Go
+    return host.strip("[]") or "0.0.0.0", int(port)

@@ -9,6 +9,7 @@ last good set stays in service.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -77,7 +78,13 @@ class GitTemplateSync:
         env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"}
         try:
             proc = subprocess.run(
-                ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=self.timeout, check=False
+                ["git", *args],
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+                check=False,
             )
         except subprocess.TimeoutExpired:
             raise GitError(f"git {args[0]} timed out after {self.timeout:.0f}s") from None
@@ -104,14 +111,22 @@ class GitTemplateSync:
         try:
             revision = self._pull()
             current = self.store.current
-            if current is not None and current.revision == revision and current.origin == redact_url(self.url):
+            if (
+                current is not None
+                and current.revision == revision
+                and current.origin == redact_url(self.url)
+            ):
                 return False
             templates = load_template_set(self.checkout, origin=redact_url(self.url), revision=revision)
         except (GitError, TemplateSetError, OSError) as exc:
             m.template_sync_failures.inc()
             self.store.last_error = str(exc)
-            log.warning("template sync failed; keeping the last good set", repo=redact_url(self.url),
-                        error=str(exc), generation=self.store.generation)
+            log.warning(
+                "template sync failed; keeping the last good set",
+                repo=redact_url(self.url),
+                error=str(exc),
+                generation=self.store.generation,
+            )
             return False
         generation = self.store.publish(templates)
         log.info("template set updated", repo=redact_url(self.url), revision=revision, generation=generation)
@@ -128,9 +143,7 @@ class GitTemplateSync:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         shutil.rmtree(self.workdir, ignore_errors=True)

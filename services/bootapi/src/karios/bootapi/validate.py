@@ -8,10 +8,13 @@ scripts must start with ``#!ipxe``. Output is one line per check, for a CI log.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,8 +46,12 @@ class Report:
 
 def sample_host(entry: CatalogEntry) -> Host:
     return Host(
-        id=1, name=f"sample-{entry.name}.example.net", platform=entry.platforms[0],
-        role=entry.roles[0] if entry.roles else "compute", site="lab", primary_ipv4="192.0.2.10/24",
+        id=1,
+        name=f"sample-{entry.name}.example.net",
+        platform=entry.platforms[0],
+        role=entry.roles[0] if entry.roles else "compute",
+        site="lab",
+        primary_ipv4="192.0.2.10/24",
         interfaces=[HostInterface(name="eno1", macs=[SAMPLE_MAC], ipv4=["192.0.2.10/24"])],
     )
 
@@ -60,28 +67,29 @@ def _run(cmd: list[str], timeout: float = 60) -> tuple[int, str]:
 
 
 def check_kickstart(text: str, workdir: Path) -> list[str]:
-    """Problems found by ksvalidator and ``bash -n`` (empty list = valid)."""
-    from pykickstart.errors import KickstartError
-    from pykickstart.parser import KickstartParser
-    from pykickstart.version import makeVersion
+    """Problems found by ksvalidator's checks and ``bash -n`` (empty list = valid).
 
-    problems: list[str] = []
-    ks = workdir / "config.ks"
-    ks.write_text(text)
-    tool = _tool("ksvalidator")
-    if tool is None:
-        return ["ksvalidator not found (install pykickstart)"]
-    rc, out = _run([tool, str(ks)])
-    # ksvalidator announces the file first; anything after that (errors, deprecation warnings) fails.
-    out = "\n".join(line for line in out.splitlines() if not line.startswith("Checking kickstart file"))
-    if rc != 0 or out:
-        problems.append(f"ksvalidator (exit {rc}): {out or 'no output'}")
-        return problems
-    parser = KickstartParser(makeVersion())
+    Runs pykickstart in-process exactly as the ``ksvalidator`` script does (latest syntax,
+    parse and deprecation warnings are errors), which saves a Python start per file.
+    """
+    from pykickstart.errors import KickstartError, KickstartParseWarning
+    from pykickstart.parser import KickstartParser
+    from pykickstart.version import DEFAULT_VERSION, makeVersion
+
+    parser = KickstartParser(makeVersion(DEFAULT_VERSION), errorsAreFatal=False)
+    said = io.StringIO()  # pykickstart prints each error it tolerates
     try:
-        parser.readKickstartFromString(text)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            warnings.simplefilter("error", KickstartParseWarning)
+            parser.readKickstartFromString(text)
+    except KickstartParseWarning as exc:
+        return [f"ksvalidator: deprecated or questionable syntax: {exc}"]
     except KickstartError as exc:
-        return [f"pykickstart: {exc}"]
+        return [f"ksvalidator: {exc}"]
+    if parser.errorsCount:
+        detail = " ".join(line.strip() for line in said.getvalue().splitlines() if line.strip())
+        return [f"ksvalidator: {parser.errorsCount} error(s): {detail}"]
+    problems: list[str] = []
     for i, script in enumerate(parser.handler.scripts):
         interp = script.interp or "/bin/sh"
         if interp not in SHELLS:
@@ -90,7 +98,9 @@ def check_kickstart(text: str, workdir: Path) -> list[str]:
         f.write_text(script.script)
         rc, out = _run(["bash", "-n", str(f)])
         if rc != 0:
-            section = {0: "%pre", 1: "%post", 2: "%traceback", 3: "%pre-install", 4: "%onerror"}.get(script.type, "%?")
+            section = {0: "%pre", 1: "%post", 2: "%traceback", 3: "%pre-install", 4: "%onerror"}.get(
+                script.type, "%?"
+            )
             problems.append(f"bash -n on {section} (line {script.lineno}): {out}")
     return problems
 
@@ -128,20 +138,29 @@ def validate_template_set(templates: TemplateSet, report: Report) -> None:
     with tempfile.TemporaryDirectory(prefix="bootapi-validate-") as tmp:
         work = Path(tmp)
         for fallback in ("local", "shell"):
-            _check(report, f"ipxe/fallback-{fallback}.ipxe.j2",
-                   lambda f=fallback: core.render_fallback_script(templates, f, SAMPLE_MAC), check_ipxe)
+            _check(
+                report,
+                f"ipxe/fallback-{fallback}.ipxe.j2",
+                lambda f=fallback: core.render_fallback_script(templates, f, SAMPLE_MAC),
+                check_ipxe,
+            )
         for entry in templates.catalog.entries:
             host = sample_host(entry)
-            _check(report, f"{entry.name}: ipxe/boot.ipxe.j2",
-                   lambda e=entry, h=host: core.render_ipxe_script(templates, h, SAMPLE_MAC, e, SAMPLE_BASE_URL),
-                   check_ipxe)
+            _check(
+                report,
+                f"{entry.name}: ipxe/boot.ipxe.j2",
+                lambda e=entry, h=host: core.render_ipxe_script(templates, h, SAMPLE_MAC, e, SAMPLE_BASE_URL),
+                check_ipxe,
+            )
             checker = check_kickstart if entry.installer == "kickstart" else check_preseed
             for token, label in ((SAMPLE_TOKEN, "with callback"), ("", "without callback")):
                 _check(
-                    report, f"{entry.name}: {entry.template} ({core.config_kind(entry)}, {label})",
+                    report,
+                    f"{entry.name}: {entry.template} ({core.config_kind(entry)}, {label})",
                     lambda e=entry, h=host, t=token: core.render_install_config(
-                        templates, h, e, mac=SAMPLE_MAC, base_url=SAMPLE_BASE_URL, provision_token=t),
-                    lambda text: checker(text, work),
+                        templates, h, e, mac=SAMPLE_MAC, base_url=SAMPLE_BASE_URL, provision_token=t
+                    ),
+                    lambda text, c=checker: c(text, work),
                 )
 
 
@@ -152,8 +171,10 @@ def validate_directory(directory: Path) -> Report:
     except TemplateSetError as exc:
         report.fail(f"load {directory}", str(exc))
         return report
-    report.ok(f"load {directory}: {len(templates.catalog.entries)} catalog entries, "
-              f"{len(templates.sources)} templates")
+    report.ok(
+        f"load {directory}: {len(templates.catalog.entries)} catalog entries, "
+        f"{len(templates.sources)} templates"
+    )
     validate_template_set(templates, report)
     return report
 

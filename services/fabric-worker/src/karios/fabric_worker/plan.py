@@ -52,6 +52,12 @@ def _check_request(req: FabricPlanRequest) -> None:
         raise _fail("deployment_mode", f"{req.deployment_mode!r} is not cube or dc")
     if req.local_as and not rules._asn_ok(req.local_as):
         raise _fail("local_as", f"{req.local_as} is not a 2- or 4-byte ASN (1..4294967295, not 23456)")
+    sizing = rules.rule_sizing(
+        FabricConfigFields(expected_nodes=req.expected_nodes, expected_vms=req.expected_vms),
+        rules.RuleContext(),
+    )
+    if sizing:
+        raise _fail(sizing[0].field, sizing[0].reason)
     if req.router_id_base and rules.parse_ipv4(req.router_id_base) is None:
         raise _fail("router_id_base", f"{req.router_id_base!r} is not an IPv4 address")
 
@@ -175,7 +181,16 @@ def plan_fabric(req: FabricPlanRequest) -> FabricPlan:
     # The same rules as POST /fabric-config; secrets and preflight are assumed to come later.
     as_fields = FabricConfigFields.model_validate(planned.model_dump(by_alias=True))
     ctx = rules.RuleContext(frr_hmac_sha_capable=True, ospf_auth_key_set=True)
-    rules.check(as_fields, ctx)
+    found = rules.violations(as_fields, ctx)
+    if nos == "other" and planned.external_route_reflector:
+        # The vendor-neutral reference still shows a switch RR; committing it is refused (seed rule).
+        found = [v for v in found if v.field != "fabric_switch_nos"]
+        risks.append(
+            "fabric_switch_nos other: POST /fabric-config refuses external_route_reflector until a "
+            "BGP-EVPN-capable NOS (sonic, cumulus, nxos, eos) is chosen"
+        )
+    if found:
+        raise _fail(found[0].field, found[0].reason)
     if planned.ospf_auth_type == "hmac-sha-256":
         risks.append(
             "ospf_auth_type hmac-sha-256 is refused on commit until preflight proves FRR supports it"

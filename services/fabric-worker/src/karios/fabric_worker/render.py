@@ -98,6 +98,7 @@ class SwitchContext:
     auth_key_id: int
     bfd: bool
     bgp_password: bool
+    overlay_hub: str
     peer_group: str = PEER_GROUP
     key_chain: str = KEY_CHAIN
 
@@ -146,6 +147,13 @@ def switch_context(cfg: FabricLike, *, bgp_password_set: bool = False) -> Switch
         auth_key_id=cfg.ospf_auth_key_id or 1,
         bfd=cfg.bfd_enabled,
         bgp_password=bgp_password_set,
+        overlay_hub=(
+            "this switch (route reflector)"
+            if rr_on_switch
+            else "this switch (eBGP route server)"
+            if ebgp
+            else "the gateway node (route reflector)"
+        ),
     )
 
 

@@ -17,7 +17,7 @@ from karios.common.netaddr import normalize_mac
 
 Json = Mapping[str, Any]
 
-_SPEED_IN_TYPE = re.compile(r"^(\d+(?:\.\d+)?)(g|m)base", re.IGNORECASE)
+_SPEED_IN_TYPE = re.compile(r"^(\d+(?:\.\d+)?)(g|m)?base", re.IGNORECASE)
 _SIZE_IN_TEXT = re.compile(r"(\d+(?:\.\d+)?)\s*(TB|GB|TiB|GiB)\b", re.IGNORECASE)
 _PCI_ADDRESS = re.compile(r"\b(?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\b", re.IGNORECASE)
 
@@ -80,7 +80,7 @@ def speed_mbps(iface: Json) -> int | None:
     m = _SPEED_IN_TYPE.match(_str(_get(iface, "type", "value")))
     if not m:
         return None
-    value = float(m.group(1)) * (1000 if m.group(2).lower() == "g" else 1)
+    value = float(m.group(1)) * (1000 if (m.group(2) or "").lower() == "g" else 1)
     return int(value)
 
 
@@ -221,7 +221,7 @@ def gpu_from_item(item: Json) -> Gpu:
 
 
 def disk_from_module(module: Json, module_type: Json) -> Disk:
-    attrs = module_type.get("attribute_data") or {}
+    attrs = module_type.get("attributes") or module_type.get("attribute_data") or {}
     cf = module.get("custom_fields") or {}
     return Disk(
         name=_str(_get(module, "module_bay", "name") or module_type.get("model")),
@@ -236,7 +236,7 @@ def disk_from_module(module: Json, module_type: Json) -> Disk:
 
 
 def gpu_from_module(module: Json, module_type: Json) -> Gpu:
-    attrs = module_type.get("attribute_data") or {}
+    attrs = module_type.get("attributes") or module_type.get("attribute_data") or {}
     cf = module.get("custom_fields") or {}
     return Gpu(
         name=_str(_get(module, "module_bay", "name") or module_type.get("model")),

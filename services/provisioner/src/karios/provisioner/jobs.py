@@ -160,12 +160,12 @@ class JobService:
             "updated_at": _now(),
         }
         async with self.db.session() as s, s.begin():
-            res = await s.execute(pg_insert(T).values(**row).on_conflict_do_nothing().returning(T.c.id))
+            res = await (await s.connection()).execute(pg_insert(T).values(**row).on_conflict_do_nothing().returning(T.c.id))
             created = res.first() is not None
             other = None
             if created:
                 other = (
-                    await s.execute(
+                    await s.exec(
                         sa.select(T.c.id).where(
                             T.c.bmc_ip == cmd.spec.bmc_ip,
                             T.c.id != cmd.job_id,
@@ -329,7 +329,7 @@ class JobService:
     async def _newer_job(self, job: Job) -> None:
         async with self.db.session() as s:
             newer = (
-                await s.execute(
+                await s.exec(
                     sa.select(T.c.id).where(T.c.bmc_ip == job.bmc_ip, T.c.created_at > job.created_at)
                 )
             ).first()
@@ -374,7 +374,7 @@ class JobService:
     async def firstboot(self, req: CallbackRequest) -> JobView:
         async with self.db.session() as s:
             row = (
-                await s.execute(
+                await s.exec(
                     sa.select(T.c.id).where(T.c.bmc_ip == req.bmc_ip).order_by(T.c.created_at.desc()).limit(1)
                 )
             ).first()
@@ -432,7 +432,7 @@ class JobService:
     async def queue(self) -> list[QueueEntry]:
         async with self.db.session() as s:
             rows = (
-                await s.execute(
+                await s.exec(
                     sa.select(T.c.id, T.c.bmc_ip, T.c.job_type, T.c.state, T.c.created_at)
                     .where(T.c.state.notin_(["completed", "failed", "cancelled"]))
                     .order_by(T.c.created_at)
@@ -457,7 +457,7 @@ class JobService:
     async def check_stuck(self) -> int:
         async with self.db.session() as s:
             rows = (
-                await s.execute(
+                await s.exec(
                     sa.select(T.c.id).where(
                         T.c.state.in_(["booting", "installing", "first_boot"]), T.c.stage_deadline < _now()
                     )

@@ -29,13 +29,13 @@ def default_set_dir() -> Path:
 
 
 def _environment(sources: dict[str, str]) -> jinja2.Environment:
-    env = jinja2.Environment(  # noqa: S701 - renders shell/iPXE/kickstart text, never HTML
+    env = jinja2.Environment(
         loader=jinja2.DictLoader(sources),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
-        autoescape=False,
+        autoescape=False,  # noqa: S701 - shell/iPXE/kickstart text, never HTML
     )
     env.filters["shell_quote"] = lambda v: shlex.quote(str(v))
     return env

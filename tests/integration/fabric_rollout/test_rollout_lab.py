@@ -1,0 +1,310 @@
+"""Fabric rollout end to end against the lab: 3 network-namespace nodes with real sshd and
+FRR, a route reflector (AS 65000) in the fabric namespace, node3 with a 1500 MTU underlay.
+
+Needs root (namespaces, bind mounts): skipped with the reason otherwise, failed under CI=true.
+Checks go through the node itself (`vtysh … json`, `ip link`, `ls /etc/frr`), not only
+through the rollout's own report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from karios.fabric_worker.rollout import (
+    ApplyJob,
+    FabricIntent,
+    NodeTarget,
+    RolloutEvent,
+    RolloutOptions,
+    allocate_vteps,
+    postdeploy_node,
+    preflight,
+    run_teardown_job,
+    teardown_node,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
+import fabric_lab
+
+pytestmark = pytest.mark.lab
+CI = os.environ.get("CI", "").lower() == "true"
+OPTS = RolloutOptions(connect_timeout=5, verify_timeout=30, verify_interval=0.3)
+
+
+@pytest.fixture(scope="module")
+def lab():
+    reason = fabric_lab.skip_reason()
+    if reason:
+        if CI:
+            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+    with fabric_lab.FabricLab(n_nodes=3, prefix="kr", mtu_overrides={"node3": 1500}) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def intent() -> FabricIntent:
+    return FabricIntent(
+        asn=65000,
+        peer_ip=fabric_lab.FABRIC_IP,
+        router_id_base="198.19.1.1",
+        router_id_prefix_len=24,
+        underlay_cidr="198.18.0.0/24",
+        vxlan_mtu=9000,
+        vnis=[100, 200],
+        frr_log_file="/run/frr/frr.log",
+    )
+
+
+def targets(lab, **changes) -> list[NodeTarget]:
+    key = Path(lab.client_key_path).read_text()
+    return [
+        NodeTarget(
+            node_ip=n.underlay_ip, fqdn=n.name, private_key=key, known_host_key=n.host_public_key
+        ).model_copy(update=changes.get(n.name, {}))
+        for n in lab.nodes
+    ]
+
+
+def vteps(intent: FabricIntent, ts: list[NodeTarget]) -> dict[str, str]:
+    return allocate_vteps(intent, [t.node_ip for t in ts])
+
+
+def sh(lab, node, cmd: str) -> str:
+    return lab.node_exec(node, cmd).stdout.strip()
+
+
+def node_state(lab, node) -> dict:
+    return {
+        "etc_frr": sh(lab, node, "ls -A /etc/frr"),
+        "vtep0": lab.node_exec(node, "ip link show vtep0").returncode == 0,
+        "vxlan": sh(lab, node, "ip -br link show type vxlan"),
+        "frr_running": lab.node_exec(node, "kill -0 $(cat /run/frr/zebra.pid) 2>/dev/null").returncode == 0,
+    }
+
+
+EMPTY = {"etc_frr": "", "vtep0": False, "vxlan": "", "frr_running": False}
+
+
+def reset(lab) -> None:
+    """Every node back to the lab's initial state, whatever a previous test left."""
+    for n in lab.nodes:
+        lab.node_exec(
+            n,
+            "/usr/lib/frr/frrinit.sh stop >/dev/null 2>&1; rm -rf /etc/frr/* /etc/frr/.[!.]*; "
+            "for l in $(ip -br link | awk '{print $1}' | cut -d@ -f1 "
+            "| grep -E '^(vtep0|vxlan[0-9]+|br[0-9]+)$'); "
+            "do ip link del $l 2>/dev/null; done; ip route del blackhole 198.18.0.1/32 2>/dev/null; true",
+        )
+        assert node_state(lab, n) == EMPTY
+
+
+async def applied(lab, intent) -> list[NodeTarget]:
+    ts = targets(lab)
+    summary = await ApplyJob(intent, ts, vteps(intent, ts), options=OPTS).run()
+    assert summary.job_status == "completed", summary
+    return ts
+
+
+def remote_vteps(lab, node, vni: int) -> set[str]:
+    """Remote VTEPs zebra installed for `vni` from the type-3 (IMET) routes BGP received."""
+    data = json.loads(sh(lab, node, f"vtysh -c 'show evpn vni {vni} json'") or "{}")
+    # FRR 8.4 lists them under "numRemoteVteps" (sic); later releases under "remoteVteps".
+    vteps = data.get("remoteVteps") or data.get("numRemoteVteps") or []
+    return {v["ip"] if isinstance(v, dict) else v for v in vteps} if isinstance(vteps, list) else set()
+
+
+def wait_for(pred, timeout: float = 20.0, interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+# -- tests ------------------------------------------------------------------------------
+
+
+async def test_preflight_finds_each_bridge_and_the_mtu_drift(lab, intent) -> None:
+    reset(lab)
+    r = await preflight(
+        targets(lab), underlay_cidr="198.18.0.0/24", router_id_base="198.19.1.1", router_id_prefix_len=24
+    )
+    assert [(n.mode, n.bridge, n.bridge_mtu) for n in r.nodes] == [
+        ("reuse", "br-underlay", 9000),
+        ("reuse", "br-underlay", 9000),
+        ("reuse", "br-underlay", 1500),
+    ]
+    assert r.ready and r.underlay_mtu == 0
+    assert {(d.fqdn, d.bridge_mtu) for d in r.mtu_drift} == {
+        ("node1", 9000),
+        ("node2", 9000),
+        ("node3", 1500),
+    }
+    assert r.vtep_pool.capacity == 254 and not r.vtep_pool.overalloc_warn
+    assert r.frr_hmac_sha_capable is False  # FRR 8.4 lacks OSPF key-chain authentication
+    assert all(node_state(lab, n) == EMPTY for n in lab.nodes), "preflight must not change anything"
+
+
+async def test_first_contact_returns_host_key_and_a_changed_key_is_refused(lab, intent) -> None:
+    reset(lab)
+    first = targets(lab, node1={"known_host_key": None})
+    r = await preflight(
+        first[:1], underlay_cidr="198.18.0.0/24", router_id_base="198.19.1.1", router_id_prefix_len=24
+    )
+    assert r.nodes[0].host_key_first_seen and r.nodes[0].host_key == lab.nodes[0].host_public_key
+
+    wrong = targets(lab, node1={"known_host_key": lab.nodes[1].host_public_key})[:1]
+    summary = await ApplyJob(intent, wrong, vteps(intent, wrong), options=OPTS).run()
+    node = summary.nodes[0]
+    assert not node.ok and not node.reachable
+    assert "host key changed" in node.error
+    assert node_state(lab, 1) == EMPTY
+
+
+async def test_unreachable_node_is_reported_with_reason(lab, intent) -> None:
+    ghost = NodeTarget(node_ip="198.18.0.99", fqdn="ghost", private_key=Path(lab.client_key_path).read_text())
+    summary = await ApplyJob(
+        intent, [ghost], {"198.18.0.99": "198.19.1.99"}, options=RolloutOptions(connect_timeout=2)
+    ).run()
+    node = summary.nodes[0]
+    assert (node.ok, node.reachable) == (False, False)
+    assert node.error.startswith("ghost: SSH connect")
+    assert summary.first_fail_node == "198.18.0.99" and summary.job_status == "failed"
+
+
+async def test_strict_failure_on_one_node_rolls_every_node_back(lab, intent) -> None:
+    reset(lab)
+    lab.node_exec(3, "ip route add blackhole 198.18.0.1/32")  # node3 can never reach the RR
+    events: list[RolloutEvent] = []
+
+    async def sink(e: RolloutEvent) -> None:
+        events.append(e)
+
+    ts = targets(lab)
+    opts = RolloutOptions(connect_timeout=5, verify_timeout=6, verify_interval=0.3)
+    summary = await ApplyJob(intent, ts, vteps(intent, ts), strict=True, options=opts, sink=sink).run()
+    lab.node_exec(3, "ip route del blackhole 198.18.0.1/32")
+    assert (summary.job_status, summary.rollout_status) == ("failed", "failed")
+    assert summary.first_fail_node == "198.18.0.13"
+    assert "BGP neighbor 198.18.0.1 not Established" in summary.first_fail_error
+    assert all(n.rolled_back for n in summary.nodes), summary.nodes
+    for n in lab.nodes:
+        assert node_state(lab, n) == EMPTY, n.name
+    states = [e.state for e in events]
+    assert "apply_rolling_back" in states and states[-1] == "apply_failed"
+
+
+async def test_apply_reaches_established_with_evpn_routes_and_reapply_is_a_noop(lab, intent) -> None:
+    reset(lab)
+    ts = targets(lab)
+    t0 = time.monotonic()
+    summary = await ApplyJob(intent, ts, vteps(intent, ts), options=OPTS).run()
+    elapsed = time.monotonic() - t0
+    print(f"\n[measure] 3-node apply to Established + EVPN routes sent: {elapsed:.2f} s")
+    assert (summary.job_status, summary.rollout_status, summary.completed_nodes) == ("completed", "ready", 3)
+    assert [n.vtep_ip for n in sorted(summary.nodes, key=lambda n: n.node_ip)] == [
+        "198.19.1.1",
+        "198.19.1.2",
+        "198.19.1.3",
+    ]
+    assert lab.rr_evpn_peer_states() == {n.underlay_ip: "Established" for n in lab.nodes}
+    for n in lab.nodes:
+        peers = json.loads(sh(lab, n, "vtysh -c 'show bgp l2vpn evpn summary json'"))["peers"]
+        assert peers["198.18.0.1"]["state"] == "Established"
+    vtep = {n.name: f"198.19.1.{n.index}" for n in lab.nodes}
+    for n in lab.nodes:
+        want = set(vtep.values()) - {vtep[n.name]}
+        for vni in (100, 200):
+            seen = wait_for(lambda n=n, vni=vni, want=want: remote_vteps(lab, n, vni) == want)
+            assert seen, (n.name, vni, remote_vteps(lab, n, vni))
+    assert sh(lab, 1, "cat /sys/class/net/vxlan100/mtu") == "8950"
+    assert sh(lab, 3, "cat /sys/class/net/vxlan100/mtu") == "1450"  # follows node3's smaller underlay
+
+    pids = {n.name: sh(lab, n, "cat /run/frr/zebra.pid /run/frr/bgpd.pid") for n in lab.nodes}
+    conf = {n.name: sh(lab, n, "stat -c %Y.%i /etc/frr/frr.conf") for n in lab.nodes}
+    events: list[RolloutEvent] = []
+
+    async def sink(e: RolloutEvent) -> None:
+        events.append(e)
+
+    t0 = time.monotonic()
+    again = await ApplyJob(intent, ts, vteps(intent, ts), options=OPTS, sink=sink).run()
+    print(f"[measure] 3-node re-apply (no-op): {time.monotonic() - t0:.2f} s")
+    assert again.job_status == "completed" and not any(n.changed for n in again.nodes)
+    assert [e.state for e in events].count("node_unchanged") == 3
+    assert "node_committing" not in [e.state for e in events]
+    assert {n.name: sh(lab, n, "cat /run/frr/zebra.pid /run/frr/bgpd.pid") for n in lab.nodes} == pids
+    assert {n.name: sh(lab, n, "stat -c %Y.%i /etc/frr/frr.conf") for n in lab.nodes} == conf
+
+
+async def test_postdeploy_checklist_flags_only_the_mtu_of_the_drifting_node(lab, intent) -> None:
+    ts = await applied(lab, intent)
+    ok = await postdeploy_node(ts[0], intent, expected_vtep_ip="198.19.1.1")
+    assert [(s.step_id, s.status.value) for s in ok] == [
+        ("frr_installed", "passed"),
+        ("vtep0_up", "passed"),
+        ("bgp_established", "passed"),
+        ("evpn_routes", "passed"),
+        ("mtu_consistent", "passed"),
+    ]
+    drift = {s.step_id: s for s in await postdeploy_node(ts[2], intent)}
+    assert drift["mtu_consistent"].status.value == "failed"
+    assert (
+        drift["mtu_consistent"].message == "underlay br-underlay MTU 1500 is below the fabric vxlan_mtu 9000"
+    )
+
+
+async def test_cancel_mid_apply_restores_the_previous_config(lab, intent) -> None:
+    ts = await applied(lab, intent)
+    before = {n.name: sh(lab, n, "md5sum /etc/frr/frr.conf /etc/frr/daemons") for n in lab.nodes}
+    changed = intent.model_copy(update={"vnis": (100, 200, 300), "bfd_enabled": True})
+    events: list[RolloutEvent] = []
+    job = ApplyJob(changed, ts, vteps(changed, ts), options=OPTS)
+
+    async def sink(e: RolloutEvent) -> None:
+        events.append(e)
+        if e.state == "node_committing":
+            job.cancel()
+            job.cancel()  # idempotent
+
+    job._sink = sink
+    summary = await job.run()
+    states = [e.state for e in events]
+    assert summary.job_status == "cancelled"
+    assert states.count("apply_cancelling") == 1 and states[-1] == "apply_cancelled"
+    assert states.index("apply_cancelling") < states.index("apply_cancelled")
+    for n in lab.nodes:
+        assert sh(lab, n, "md5sum /etc/frr/frr.conf /etc/frr/daemons") == before[n.name], n.name
+        assert lab.node_exec(n, "ip link show vxlan300").returncode != 0
+        assert node_state(lab, n)["frr_running"]
+    assert wait_for(lambda: set(lab.rr_evpn_peer_states().values()) == {"Established"})
+
+
+async def test_teardown_removes_frr_config_and_vtep0(lab, intent) -> None:
+    ts = await applied(lab, intent)
+    res = await teardown_node(ts[0], intent)
+    assert res.removed
+    assert res.steps == [
+        "frr_stopped",
+        "frr_config_removed",
+        "vxlan100_removed",
+        "br100_removed",
+        "vxlan200_removed",
+        "br200_removed",
+        "vtep0_removed",
+    ]
+    assert node_state(lab, 1) == EMPTY
+    assert (await teardown_node(ts[0], intent)).message == "nothing was configured"
+
+    summary = await run_teardown_job(intent, ts)
+    assert (summary.job_status, summary.completed_nodes) == ("completed", 3)
+    for n in lab.nodes:
+        assert node_state(lab, n) == EMPTY, n.name

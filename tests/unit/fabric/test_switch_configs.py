@@ -1,0 +1,104 @@
+"""Golden files for every NOS × underlay mode × route-reflector placement.
+
+Regenerate after an intended template change with ``UPDATE_GOLDEN=1`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from karios.common.contracts.fabric import FabricPlanRequest
+from karios.fabric_worker.plan import plan_fabric
+from karios.fabric_worker.render import SWITCH_NOS, listen_range_snippet
+
+GOLDEN = Path(__file__).parent / "golden"
+CASES = [
+    (nos, underlay, rr) for nos in SWITCH_NOS for underlay in ("ospf", "bgp") for rr in ("switch-rr", "gw-rr")
+]
+
+
+def _request(nos: str, underlay: str, rr: str, **extra) -> FabricPlanRequest:
+    return FabricPlanRequest(
+        fabric_switch_nos=nos,
+        fabric_switch_name="leaf-01",
+        fabric_switch_role="leaf",
+        management_cidr="192.168.111.0/24",
+        vxlan_mtu=9216,
+        expected_nodes=16,
+        underlay_mode=underlay,
+        external_route_reflector=rr == "switch-rr",
+        bfd_enabled=True,
+        bgp_password_set=True,
+        ospf_auth_type="message-digest" if underlay == "ospf" else "",
+        ospf_auth_key_id=1,
+        ospf_fabric_interface="eth1",
+        **extra,
+    )
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"missing golden {path.name}: run with UPDATE_GOLDEN=1"
+    assert text == path.read_text()
+
+
+@pytest.mark.parametrize(("nos", "underlay", "rr"), CASES, ids=["-".join(c) for c in CASES])
+def test_switch_config_matches_golden(nos, underlay, rr):
+    cfg = plan_fabric(_request(nos, underlay, rr)).switch_config
+    _check_golden(f"{nos}-{underlay}-{rr}.txt", cfg)
+
+
+@pytest.mark.parametrize("nos", SWITCH_NOS)
+def test_ebgp_and_hmac_variant_matches_golden(nos):
+    req = _request(nos, "ospf", "gw-rr", local_as=65000, fabric_switch_as=65100)
+    req = req.model_copy(
+        update={"ospf_auth_type": "hmac-sha-256", "bfd_enabled": False, "bgp_password_set": False}
+    )
+    _check_golden(f"{nos}-ospf-ebgp-hmac.txt", plan_fabric(req).switch_config)
+
+
+@pytest.mark.parametrize(("nos", "underlay", "rr"), CASES, ids=["-".join(c) for c in CASES])
+def test_no_secret_and_every_configured_feature_is_rendered(nos, underlay, rr):
+    text = plan_fabric(_request(nos, underlay, rr)).switch_config
+    assert "<bgp-password>" in text if rr == "switch-rr" else "<bgp-password>" not in text
+    if underlay == "ospf":
+        assert "<ospf-auth-key>" in text and "10.255.0.254" in text
+    assert re.search(r"\bmtu\b.*9216", text, re.IGNORECASE)
+    if rr == "switch-rr":
+        listen = "10.255.0.0/24" if underlay == "ospf" else "192.168.111.0/24"
+        assert listen in text and "bfd" in text.lower()
+    if nos == "sonic":
+        json.loads(text.split("# 1) CONFIG_DB patch")[1].split("\n", 1)[1].split("# repeat")[0])
+
+
+def test_listen_range_snippet_hash_changes_with_the_move_and_the_nos():
+    a = listen_range_snippet(
+        "eos", asn=65000, node_as=65000, old_range="10.255.0.0/24", new_range="10.255.0.0/23"
+    )
+    b = listen_range_snippet(
+        "eos", asn=65000, node_as=65000, old_range="10.255.0.0/24", new_range="10.255.0.0/22"
+    )
+    c = listen_range_snippet(
+        "nxos", asn=65000, node_as=65000, old_range="10.255.0.0/24", new_range="10.255.0.0/23"
+    )
+    assert len({a["switch_snippet_hash"], b["switch_snippet_hash"], c["switch_snippet_hash"]}) == 3
+    again = listen_range_snippet(
+        "eos", asn=65000, node_as=65000, old_range="10.255.0.0/24", new_range="10.255.0.0/23"
+    )
+    assert again == a
+    assert (
+        "no bgp listen range 10.255.0.0/24" in a["snippet"]
+        and "bgp listen range 10.255.0.0/23" in a["snippet"]
+    )
+    assert c["snippet"].splitlines()[1:] == [
+        "  no neighbor 10.255.0.0/24",
+        "  neighbor 10.255.0.0/23",
+        "    inherit peer KARIOS-VTEPS",
+    ]

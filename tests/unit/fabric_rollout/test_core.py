@@ -1,0 +1,354 @@
+"""Pure core of the rollout: discovery parsing, diff/rollback planning, verify and
+post-deploy verdicts, VTEP allocation, preflight resolution, job summary, redaction."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from karios.fabric_worker.rollout.facts import Interface, parse_facts
+from karios.fabric_worker.rollout.intent import (
+    FabricIntent,
+    NodeOverride,
+    NodeTarget,
+    VtepPoolExhausted,
+    allocate_vteps,
+    vtep_pool_capacity,
+)
+from karios.fabric_worker.rollout.plan import (
+    DesiredNetwork,
+    FrrAction,
+    StepStatus,
+    baseline_network,
+    frr_plan,
+    frr_rollback_plan,
+    network_commands,
+    overlay_mtu,
+    parse_evpn_summary,
+    postdeploy_checklist,
+    verify_verdict,
+    write_file_command,
+)
+from karios.fabric_worker.rollout.preflight import resolve_node, summarize
+from karios.fabric_worker.rollout.ssh import redact
+from karios.fabric_worker.rollout.summary import (
+    JobNode,
+    JobStatus,
+    JobSummary,
+    JobType,
+    RolloutStatus,
+    finalize,
+    record_node,
+)
+
+FIX = Path(__file__).parent / "fixtures"
+FRESH = parse_facts((FIX / "discover_node1_fresh.txt").read_text())
+APPLIED = parse_facts((FIX / "discover_node2_applied.txt").read_text())
+SUMMARY = (FIX / "evpn_summary_node2.json").read_text()
+INTENT = FabricIntent(
+    asn=65000,
+    peer_ip="198.18.0.1",
+    router_id_base="198.19.1.1",
+    router_id_prefix_len=24,
+    underlay_cidr="198.18.0.0/24",
+    vxlan_mtu=9000,
+    vnis=[100],
+)
+
+
+# -- discovery ------------------------------------------------------------------------------
+
+
+def test_fresh_lab_node_has_bridge_but_no_frr() -> None:
+    assert FRESH.hostname == "node1"
+    br = FRESH.interfaces["br-underlay"]
+    assert (br.kind, br.mtu, br.ipv4) == ("bridge", 9000, ("198.18.0.11/24",))
+    assert FRESH.frr_installed and not FRESH.frr_running
+    assert FRESH.files == {"daemons": None, "frr.conf": None, "vtysh.conf": None}
+    assert FRESH.vtep_ip is None
+
+
+def test_applied_node_shows_vtep_vxlan_and_running_frr() -> None:
+    assert APPLIED.frr_running and APPLIED.vtep_ip == "198.19.1.2"
+    vx = APPLIED.interfaces["vxlan100"]
+    assert (vx.kind, vx.vxlan_id, vx.vxlan_local, vx.master) == ("vxlan", 100, "198.19.1.2", "br100")
+    assert "router bgp 65000" in (APPLIED.files["frr.conf"] or "")
+
+
+def test_truncated_discovery_output_is_an_error_not_an_empty_node() -> None:
+    with pytest.raises(ValueError, match="truncated"):
+        parse_facts("@@karios:hostname\nnode1\n")
+
+
+# -- diff -----------------------------------------------------------------------------------
+
+
+def _want(vtep: str | None = "198.19.1.2", mtu: int = 1450) -> DesiredNetwork:
+    return DesiredNetwork(vtep_ip=vtep, vnis=(100,), overlay_mtu=mtu, managed_vnis=(100,))
+
+
+def test_applied_node_needs_no_network_change() -> None:
+    assert network_commands(APPLIED, _want()) == []
+
+
+def test_fresh_node_gets_vtep_and_vxlan_devices() -> None:
+    cmds = network_commands(FRESH, _want("198.19.1.1", 8950))
+    joined = "\n".join(cmds)
+    assert "ip addr add 198.19.1.1/32 dev vtep0" in joined
+    assert (
+        "ip link add vxlan100 mtu 8950 type vxlan id 100 local 198.19.1.1 dstport 4789 nolearning" in joined
+    )
+    assert "ip link set vxlan100 master br100" in joined
+
+
+def test_changed_vtep_address_recreates_the_vxlan_device() -> None:
+    cmds = network_commands(APPLIED, _want("198.19.1.9"))
+    assert "ip -4 addr flush dev vtep0" in cmds
+    assert "ip link del vxlan100" in cmds
+
+
+def test_removed_vni_deletes_only_its_devices() -> None:
+    cmds = network_commands(APPLIED, DesiredNetwork(vtep_ip="198.19.1.2", vnis=(), overlay_mtu=1450))
+    assert cmds == ["ip link del vxlan100", "ip link del br100"]
+
+
+def test_overlay_mtu_follows_the_smaller_of_fabric_and_node_mtu() -> None:
+    assert overlay_mtu(9000, 9000) == 8950
+    assert overlay_mtu(9000, 1500) == 1450
+    assert overlay_mtu(1500, 9000) == 1450
+
+
+def test_unchanged_files_and_running_frr_mean_no_reload() -> None:
+    assert frr_plan(APPLIED, dict(APPLIED.files)).action is FrrAction.NONE  # type: ignore[arg-type]
+    assert not frr_plan(APPLIED, dict(APPLIED.files)).changed  # type: ignore[arg-type]
+
+
+def test_changed_frr_conf_reloads_and_changed_daemons_restart() -> None:
+    files = dict(APPLIED.files)
+    assert frr_plan(APPLIED, files | {"frr.conf": "x"}).action is FrrAction.RELOAD  # type: ignore[operator]
+    assert frr_plan(APPLIED, files | {"daemons": "x"}).action is FrrAction.RESTART  # type: ignore[operator]
+    assert frr_plan(FRESH, {"frr.conf": "x"}).action is FrrAction.START
+
+
+# -- rollback -------------------------------------------------------------------------------
+
+
+def test_rollback_to_an_empty_baseline_stops_frr_and_removes_everything() -> None:
+    plan = frr_rollback_plan(FRESH, APPLIED)
+    assert plan.action is FrrAction.STOP
+    assert plan.writes == {"daemons": None, "frr.conf": None, "vtysh.conf": None}
+    cmds = network_commands(APPLIED, baseline_network(FRESH, (100,)))
+    assert cmds == ["ip link del vxlan100", "ip link del br100", "ip link del vtep0"]
+
+
+def test_rollback_to_a_configured_baseline_restores_files_and_restarts() -> None:
+    current = dataclasses.replace(APPLIED, files=APPLIED.files | {"frr.conf": "new"})
+    plan = frr_rollback_plan(APPLIED, current)
+    assert plan.writes == {"frr.conf": APPLIED.files["frr.conf"]}
+    assert plan.action is FrrAction.RESTART
+    assert network_commands(APPLIED, baseline_network(APPLIED, (100,))) == []
+
+
+def test_rollback_of_an_untouched_node_is_a_no_op() -> None:
+    assert not frr_rollback_plan(APPLIED, APPLIED).changed
+
+
+def test_file_content_goes_over_stdin_never_the_command_line() -> None:
+    cmd = write_file_command("frr.conf", "neighbor x password hunter2\n")
+    assert "hunter2" not in cmd and "cat >" in cmd
+    assert write_file_command("frr.conf", None) == "rm -f /etc/frr/frr.conf"
+
+
+# -- verify / post-deploy -----------------------------------------------------------------
+
+
+def test_verify_passes_on_recorded_established_summary() -> None:
+    peer = parse_evpn_summary(SUMMARY, "198.18.0.1")
+    assert peer is not None and peer.state == "Established"
+    assert verify_verdict(peer, "198.18.0.1", expect_routes=True) is None
+
+
+def test_verify_reason_names_the_neighbor() -> None:
+    assert verify_verdict(None, "10.0.0.1", True) == "BGP neighbor 10.0.0.1 not configured for l2vpn evpn"
+    peer = parse_evpn_summary('{"peers": {"10.0.0.1": {"state": "Active"}}}', "10.0.0.1")
+    assert verify_verdict(peer, "10.0.0.1", True) == "BGP neighbor 10.0.0.1 not Established (state Active)"
+    assert parse_evpn_summary("% BGP instance not found", "10.0.0.1") is None
+
+
+def test_postdeploy_all_green_on_applied_node_except_mtu_drift() -> None:
+    steps = postdeploy_checklist(
+        APPLIED, SUMMARY, peer_ip="198.18.0.1", vnis=(100,), vxlan_mtu=9000, underlay_iface="br-underlay"
+    )
+    status = {s.step_id: s.status for s in steps}
+    assert status == {
+        "frr_installed": StepStatus.PASSED,
+        "vtep0_up": StepStatus.PASSED,
+        "bgp_established": StepStatus.PASSED,
+        "evpn_routes": StepStatus.PASSED,
+        "mtu_consistent": StepStatus.FAILED,  # node2 was recorded with a 1500 underlay
+    }
+    mtu = next(s for s in steps if s.step_id == "mtu_consistent")
+    assert mtu.message == "underlay br-underlay MTU 1500 is below the fabric vxlan_mtu 9000"
+    assert all(s.progress == (100 if s.status is StepStatus.PASSED else 0) for s in steps)
+
+
+def test_postdeploy_on_fresh_node_says_what_is_missing() -> None:
+    steps = postdeploy_checklist(
+        FRESH, "", peer_ip="198.18.0.1", vnis=(100,), vxlan_mtu=9000, underlay_iface="br-underlay"
+    )
+    msgs = {s.step_id: s.message for s in steps}
+    assert msgs["frr_installed"] == "FRR installed but not running"
+    assert msgs["vtep0_up"] == "vtep0 missing"
+    assert msgs["mtu_consistent"] == "underlay MTU 9000, overlay MTU 8950"
+
+
+# -- intent / VTEP pool -------------------------------------------------------------------
+
+
+def test_vtep_allocation_is_deterministic_and_keeps_existing() -> None:
+    a = allocate_vteps(INTENT, ["198.18.0.13", "198.18.0.11", "198.18.0.12"])
+    assert a == {"198.18.0.11": "198.19.1.1", "198.18.0.12": "198.19.1.2", "198.18.0.13": "198.19.1.3"}
+    b = allocate_vteps(INTENT, ["198.18.0.20", "198.18.0.12"], existing={"198.18.0.12": "198.19.1.2"})
+    assert b == {"198.18.0.12": "198.19.1.2", "198.18.0.20": "198.19.1.1"}
+
+
+def test_vtep_pool_exhaustion_is_reported() -> None:
+    small = INTENT.model_copy(update={"router_id_base": "198.19.1.1", "router_id_prefix_len": 30})
+    assert vtep_pool_capacity("198.19.1.1", 30) == 2
+    with pytest.raises(VtepPoolExhausted, match=r"no free address for 198\.18\.0\.3"):
+        allocate_vteps(small, ["198.18.0.1", "198.18.0.2", "198.18.0.3"])
+
+
+@pytest.mark.parametrize(
+    ("update", "match"),
+    [
+        ({"peer_ip": "not-an-ip"}, "IPv4 address"),
+        ({"underlay_cidr": "10.0.0.0/33"}, "IPv4 CIDR"),
+        ({"ospf_auth_type": "message-digest"}, "ospf_auth_key is required"),
+        ({"ospf_auth_type": "message-digest", "ospf_auth_key": "x" * 17}, "at most 16"),
+        ({"bgp_password": "two words"}, "whitespace"),
+        ({"vnis": [0]}, "VNI 0"),
+        ({"bgp_keepalive": 10, "bgp_holdtime": 20}, "3 x bgp_keepalive"),
+    ],
+)
+def test_bad_intent_is_rejected_with_a_reason(update: dict, match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        FabricIntent(**(INTENT.model_dump() | update))
+
+
+def test_secrets_never_appear_in_the_intent_repr() -> None:
+    i = FabricIntent(**(INTENT.model_dump() | {"bgp_password": "hunter2"}))
+    assert "hunter2" not in repr(i) and "hunter2" not in i.model_dump_json()
+    assert i.secrets() == ["hunter2"]
+
+
+def test_redact_scrubs_every_secret() -> None:
+    assert redact("password hunter2 and hunter2x", ["hunter2", "hunter2x"]) == "password *** and ***"
+
+
+# -- preflight ----------------------------------------------------------------------------
+
+
+T1 = NodeTarget(node_ip="198.18.0.11", fqdn="node1")
+
+
+def test_preflight_reuses_a_bridge_in_the_underlay_cidr() -> None:
+    n = resolve_node(T1, FRESH, "198.18.0.0/24", None)
+    assert (n.mode, n.bridge, n.bridge_mtu, n.underlay_ip) == ("reuse", "br-underlay", 9000, "198.18.0.11/24")
+
+
+def test_preflight_needs_override_with_reason() -> None:
+    n = resolve_node(T1, FRESH, "10.60.200.0/24", None)
+    assert n.mode == "needs_override" and n.needs_override
+    assert n.reason == "no interface has an IPv4 address in 10.60.200.0/24"
+    non_bridge = dataclasses.replace(
+        FRESH, interfaces={"eth1": Interface("eth1", "", 1500, True, ipv4=("10.60.200.5/24",))}
+    )
+    assert resolve_node(T1, non_bridge, "10.60.200.0/24", None).reason == (
+        "10.60.200.5/24 is on eth1, which is not a bridge"
+    )
+
+
+def test_preflight_honours_node_override() -> None:
+    o = NodeOverride(node_ip="198.18.0.11", underlay_iface_hint="eth0", underlay_ip="10.60.200.5/24")
+    n = resolve_node(T1, FRESH, "10.60.200.0/24", o)
+    assert (n.mode, n.bridge, n.underlay_ip) == ("override", "eth0", "10.60.200.5/24")
+
+
+def test_preflight_summary_reports_mtu_drift_and_pool() -> None:
+    a = resolve_node(T1, FRESH, "198.18.0.0/24", None)
+    b = a.model_copy(update={"node_ip": "198.18.0.12", "bridge_mtu": 1500, "hmac_sha_capable": False})
+    r = summarize(
+        [a, b],
+        underlay_cidr="198.18.0.0/24",
+        overrides=[],
+        router_id_base="198.19.1.1",
+        router_id_prefix_len=30,
+        expected_nodes=3,
+    )
+    assert r.ready and r.underlay_mtu == 0
+    assert [(d.node_ip, d.bridge_mtu) for d in r.mtu_drift] == [("198.18.0.11", 9000), ("198.18.0.12", 1500)]
+    assert (r.vtep_pool.capacity, r.vtep_pool.headroom, r.vtep_pool.overalloc_warn) == (2, -1, True)
+    assert r.frr_hmac_sha_capable is False
+    same = summarize(
+        [a],
+        underlay_cidr="198.18.0.0/24",
+        overrides=[],
+        router_id_base="198.19.1.1",
+        router_id_prefix_len=24,
+        expected_nodes=0,
+    )
+    assert same.underlay_mtu == 9000 and same.mtu_drift == [] and same.frr_hmac_sha_capable is None
+
+
+def test_preflight_not_ready_when_a_node_is_unreachable() -> None:
+    a = resolve_node(T1, FRESH, "198.18.0.0/24", None)
+    from karios.fabric_worker.rollout.preflight import PreflightNode
+
+    down = PreflightNode(node_ip="198.18.0.99", mode="unreachable", reason="SSH connect timed out")
+    r = summarize(
+        [a, down],
+        underlay_cidr="198.18.0.0/24",
+        overrides=[],
+        router_id_base="198.19.1.1",
+        router_id_prefix_len=24,
+        expected_nodes=0,
+    )
+    assert not r.ready and r.underlay_mtu == 9000
+
+
+# -- job summary ----------------------------------------------------------------------------
+
+
+def _job(n: int = 3) -> JobSummary:
+    return JobSummary(job_id="j", job_type=JobType.APPLY, total_nodes=n)
+
+
+def test_summary_keeps_first_failure_verbatim() -> None:
+    s = record_node(_job(), JobNode(node_ip="a", ok=True))
+    s = record_node(s, JobNode(node_ip="b", ok=False, error="BGP neighbor 1.2.3.4 not Established"))
+    s = record_node(s, JobNode(node_ip="c", ok=False, reachable=False, error="timeout"))
+    assert (s.completed_nodes, s.failed_nodes, s.progress) == (1, 2, 100)
+    assert (s.first_fail_node, s.first_fail_error) == ("b", "BGP neighbor 1.2.3.4 not Established")
+    f = finalize(s, cancelled=False, aborted_by_strict=False)
+    assert (f.job_status, f.rollout_status) == (JobStatus.PARTIAL, RolloutStatus.DEGRADED)
+
+
+@pytest.mark.parametrize(
+    ("oks", "cancelled", "strict", "expect"),
+    [
+        ([True, True], False, False, (JobStatus.COMPLETED, RolloutStatus.READY)),
+        ([False, False], False, False, (JobStatus.FAILED, RolloutStatus.FAILED)),
+        ([True, False], False, True, (JobStatus.FAILED, RolloutStatus.FAILED)),
+        ([True, True], True, False, (JobStatus.CANCELLED, RolloutStatus.FAILED)),
+    ],
+)
+def test_job_outcome(oks: list[bool], cancelled: bool, strict: bool, expect: tuple) -> None:
+    s = _job(len(oks))
+    for i, ok in enumerate(oks):
+        s = record_node(s, JobNode(node_ip=str(i), ok=ok))
+    f = finalize(s, cancelled=cancelled, aborted_by_strict=strict)
+    assert (f.job_status, f.rollout_status) == expect
