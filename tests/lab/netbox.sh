@@ -5,6 +5,7 @@
 #   tests/lab/netbox.sh down                            stop runserver (and worker)
 #   tests/lab/netbox.sh env                             print NETBOX_URL=... / NETBOX_TOKEN=...
 #   tests/lab/netbox.sh status                          exit 0 if up and answering
+#   tests/lab/netbox.sh python                          print the Python >= 3.12 it would use (building it if needed)
 #
 #   eval "$(tests/lab/netbox.sh up)"      # stdout is only the env lines; progress goes to stderr
 #   set -a; eval "$(tests/lab/netbox.sh env)"; set +a    # to export them
@@ -74,11 +75,16 @@ die() { printf '[netbox-lab] ERROR: %s\n' "$*" >&2; exit 1; }
 SUDO=()
 if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null; then SUDO=(sudo); fi
 
-apt_install() {
-    log "apt-get install $*"
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" >&2 \
+apt_install() {  # installs only what is missing, so the apt lock is not taken for nothing
+    local missing=() p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+    done
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    log "apt-get install ${missing[*]}"
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2 \
         || { "${SUDO[@]}" apt-get update >&2 \
-             && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" >&2; }
+             && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2; }
 }
 
 debian_major() { cut -d. -f1 /etc/debian_version 2>/dev/null || echo unknown; }
@@ -165,6 +171,7 @@ build_cpython() {
              | grep -oE 'https?://[^[:space:]]+' | head -n1 || true)
     mirror=${mirror:-http://deb.debian.org/debian}
     work=$(mktemp -d /tmp/karios-cpython.XXXXXX)
+    chmod 755 "$work"   # apt downloads as user _apt
     mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial" "$work/apt/parts" "$work/src"
     echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${mirror%/} trixie main" >"$work/apt/sources.list"
     local aptopts=(-o "Dir::Etc::SourceList=$work/apt/sources.list" -o "Dir::Etc::SourceParts=$work/apt/parts"
@@ -172,7 +179,7 @@ build_cpython() {
     apt-get "${aptopts[@]}" update >&2
     (cd "$work" && apt-get "${aptopts[@]}" source --download-only python3.13 >&2)
     # The upstream tarball is enough: Debian's patches are about Debian's own layout.
-    tar -xf "$(ls "$work"/python3.13_*.orig.tar.* | head -n1)" -C "$work/src"
+    tar -xf "$(find "$work" -maxdepth 1 -name 'python3.13_*.orig.tar.*' ! -name '*.asc' | head -n1)" -C "$work/src"
     local srcdir
     srcdir=$(ls -d "$work"/src/*/ | head -n1)
     (cd "$srcdir" && ./configure --prefix="$prefix" --with-ensurepip=install >&2 \
@@ -336,6 +343,7 @@ restore_db() {  # $1 = db cache dir
     fi
     dropdb -w --if-exists --force "$DB_NAME"
     createdb -w -T "$tpl" "$DB_NAME"
+    log "$DB_NAME cloned from $tpl"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -350,21 +358,33 @@ pid_of() {  # $1 = name (runserver|rqworker): prints the pid if it is alive and 
     echo "$pid"
 }
 
+# Each process is started as a session leader (setsid), so its pid is also its process-group id:
+# stopping the group also stops children such as the rqworker's scheduler process.
+session_alive() {  # any non-zombie process left in session $1 (init may reap orphans late)
+    ps -o stat= -s "$1" 2>/dev/null | grep -qv '^Z'
+}
+
 stop_proc() {
     local pid
     if pid=$(pid_of "$1"); then
         log "stopping $1 (pid $pid)"
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+        # A second TERM turns RQ's warm shutdown (which can take ~10 s) into a cold one.
+        local sig
+        for sig in TERM TERM KILL; do
+            kill -"$sig" -- "-$pid" 2>/dev/null || kill -"$sig" "$pid" 2>/dev/null || true
+            for _ in $(seq 1 20); do session_alive "$pid" || break 2; sleep 0.1; done
+        done
     fi
     rm -f "$RUN_DIR/$1.pid"
 }
 
 start_bg() {  # $1 = name, rest = netbox args; the lock fds are closed so children do not hold them
     local name=$1; shift
-    nohup setsid "$VENV/bin/netbox" "$@" >"$RUN_DIR/$name.log" 2>&1 </dev/null 8>&- 9>&- &
-    echo $! >"$RUN_DIR/$name.pid"
+    # The inner shell writes its own pid and execs netbox, so the pidfile is right even if setsid forks.
+    nohup setsid bash -c 'echo $$ >"$0"; exec "$@"' "$RUN_DIR/$name.pid" "$VENV/bin/netbox" "$@" \
+        >"$RUN_DIR/$name.log" 2>&1 </dev/null 8>&- 9>&- &
+    for _ in $(seq 1 50); do [ -s "$RUN_DIR/$name.pid" ] && pid_of "$name" >/dev/null && return 0; sleep 0.1; done
+    die "$name did not start (log: $RUN_DIR/$name.log)"
 }
 
 NETBOX_URL=http://$NETBOX_HOST:$NETBOX_PORT
@@ -470,7 +490,7 @@ cmd_up() {
 }
 
 cmd_env() {
-    [ -f "$RUN_DIR/env" ] && pid_of runserver >/dev/null || die "NetBox lab is not up (run: $0 up)"
+    if ! { [ -f "$RUN_DIR/env" ] && pid_of runserver >/dev/null; }; then die "NetBox lab is not up (run: $0 up)"; fi
     cat "$RUN_DIR/env"
 }
 
@@ -487,5 +507,6 @@ case "${1:-}" in
     down) cmd_down ;;
     env) cmd_env ;;
     status) cmd_status ;;
-    *) echo "usage: $0 up [--with-worker] [--fresh] | down | env | status" >&2; exit 2 ;;
+    python) mkdir -p "$CACHE_DIR"; find_python ;;
+    *) echo "usage: $0 up [--with-worker] [--fresh] | down | env | status | python" >&2; exit 2 ;;
 esac

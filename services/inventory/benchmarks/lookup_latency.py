@@ -23,11 +23,11 @@ from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from karios.inventory.cache import SingleFlightCache  # noqa: E402
-from karios.inventory.lookups import Inventory, InventoryMetrics  # noqa: E402
-from karios.inventory.netbox_store import NetBoxStore  # noqa: E402
-from karios.inventory.store import parse_ident  # noqa: E402
-from tests.integration.inventory.netbox_lab import NetBoxLab  # noqa: E402
+from karios.inventory.cache import SingleFlightCache
+from karios.inventory.lookups import Inventory, InventoryMetrics
+from karios.inventory.netbox_store import NetBoxStore
+from karios.inventory.store import parse_ident
+from tests.integration.inventory.netbox_lab import NetBoxLab
 
 
 def summary(samples: list[float]) -> str:

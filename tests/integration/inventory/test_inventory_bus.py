@@ -254,3 +254,29 @@ async def test_lookups_show_in_metrics(bus, inventory):
     assert 'karios_inventory_cache_hits_total{field="mac"} 2.0' in text
     assert 'karios_inventory_cache_misses_total{field="mac"} 1.0' in text
     assert "karios_inventory_lookup_duration_seconds_bucket" in text
+
+
+async def test_device_changed_from_the_bus_drops_the_cached_host_on_every_replica(settings, serve, bus):
+    """What a second replica (or bootapi) sees: the event alone, not the write that caused it."""
+    from karios.common.contracts.inventory import DeviceChanged
+
+    running = [await serve(inventory_app(settings)) for _ in range(2)]
+    caches = [r.app.state.inventory.cache for r in running]
+    q = bus.subjects.query("inventory", "host")
+    for _ in range(6):  # queue group: spread over both replicas until both hold the host
+        await bus.request(q, HostQuery(name="node-02"))
+        if all(c.peek("name:node-02") for c in caches):
+            break
+    for c in caches:  # make sure both hold it whichever replica answered
+        if c.peek("name:node-02") is None:
+            c.put("name:node-02", Host(id=2, name="node-02"), ["id:2", "name:node-02"])
+    await bus.publish_event(
+        DeviceChanged(device_id=2, name="node-02"),
+        bus.subjects.evt("inventory", "device.changed", "node-02"),
+        entity="node-02",
+    )
+    for _ in range(100):
+        if all(c.peek("name:node-02") is None for c in caches):
+            break
+        await asyncio.sleep(0.05)
+    assert [c.peek("name:node-02") for c in caches] == [None, None]

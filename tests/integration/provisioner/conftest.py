@@ -47,10 +47,22 @@ async def stack(settings, serve, emulator, tmp_path_factory):
     ips = [f"10.99.0.{i}" for i in range(1, 6)]
     cache = Path(tempfile.gettempdir()) / "karios-test-media-cache"  # base artifacts shared across tests
     cfg = ProvisionerConfig(
-        cache_dir=cache, media_dir=tmp_path_factory.mktemp("media"), stage_deadline=600, stuck_check_interval=0.5,
-        bmc_retries=1, bmc_backoff=0.1, bmc_timeout=5, power_deadline=20, build_concurrency=2,
+        cache_dir=cache,
+        media_dir=tmp_path_factory.mktemp("media"),
+        stage_deadline=600,
+        stuck_check_interval=0.5,
+        bmc_retries=1,
+        bmc_backoff=0.1,
+        bmc_timeout=5,
+        power_deadline=20,
+        build_concurrency=2,
         bmc_endpoints={
-            ip: {"url": emulator.url, "system_id": sid, "username": emulator.username, "password": emulator.password}
+            ip: {
+                "url": emulator.url,
+                "system_id": sid,
+                "username": emulator.username,
+                "password": emulator.password,
+            }
             for ip, sid in zip(ips, emulator.system_ids, strict=True)
         },
     )
@@ -59,7 +71,9 @@ async def stack(settings, serve, emulator, tmp_path_factory):
     gw = await serve(gateway_app(settings))
     cfg.media_url, cfg.callback_url = prov.url, gw.url
     for sid in emulator.system_ids:  # start from a clean slate per test
-        emulator.request("POST", f"/redfish/v1/Systems/{sid}/VirtualMedia/Cd/Actions/VirtualMedia.EjectMedia", {})
+        emulator.request(
+            "POST", f"/redfish/v1/Systems/{sid}/VirtualMedia/Cd/Actions/VirtualMedia.EjectMedia", {}
+        )
     return Stack(gw.url, prov.url, cfg, prov_app, emulator, ips)
 
 
@@ -102,8 +116,11 @@ def medium_token(iso: Path) -> tuple[str, dict[str, bytes]]:
     """Read the job token from the medium the way the installer does: initrd → /karios/cb.sh."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "initrd.gz"
-        subprocess.run(["xorriso", "-osirrox", "on", "-indev", str(iso), "-extract", "/install.amd/initrd.gz",
-                        str(out)], check=True, capture_output=True)
+        subprocess.run(
+            ["xorriso", "-osirrox", "on", "-indev", str(iso), "-extract", "/install.amd/initrd.gz", str(out)],
+            check=True,
+            capture_output=True,
+        )
         files = read_initrd(out.read_bytes())
     m = re.search(r"TOKEN='([^']+)'", files["karios/cb.sh"].decode())
     assert m

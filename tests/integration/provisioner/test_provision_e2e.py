@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 
 import httpx
 import pytest
@@ -12,30 +13,60 @@ from tests.conftest import ADMIN
 from tests.integration.provisioner.conftest import medium_token, read_sse, wait_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.lab]
-STAGES = ["job_queued", "job_building_media", "job_mounting", "job_booting", "job_step", "job_first_boot",
-          "job_completed"]
+STAGES = [
+    "job_queued",
+    "job_building_media",
+    "job_mounting",
+    "job_booting",
+    "job_step",
+    "job_first_boot",
+    "job_completed",
+]
 
 
 def body(ip: str, n: int, **extra) -> dict:
-    return {"bmc_IP": ip, "vendor": "dell", "hostname": f"node{n}", "os_password": "os-s3cret-pw",
-            "selected_disks": ["sda", "sdb"], "pool_type": "mirror", "zone": "z1", **extra}
+    return {
+        "bmc_IP": ip,
+        "vendor": "dell",
+        "hostname": f"node{n}",
+        "os_password": "os-s3cret-pw",
+        "selected_disks": ["sda", "sdb"],
+        "pool_type": "mirror",
+        "zone": "z1",
+        **extra,
+    }
 
 
 async def test_five_hosts_provision_end_to_end(stack):
     emu = stack.emu
-    routes = ["/controlnode/provision/dell", "/controlnode/provision", "/controlnode/provision/hp",
-              "/controlnode/provision/supermicro", "/controlnode/provision/cisco"]
+    routes = [
+        "/controlnode/provision/dell",
+        "/controlnode/provision",
+        "/controlnode/provision/hp",
+        "/controlnode/provision/supermicro",
+        "/controlnode/provision/cisco",
+    ]
     async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
-        sse = asyncio.create_task(read_sse(
-            c, "/controlnode/events?channel=provision",
-            lambda evs: sum(1 for n, _ in evs if n == "job_completed") >= 5, timeout=120))
+        sse = asyncio.create_task(  # noqa: RUF006 - awaited below
+            read_sse(
+                c,
+                "/controlnode/events?channel=provision",
+                lambda evs: sum(1 for n, _ in evs if n == "job_completed") >= 5,
+                timeout=120,
+            )
+        )
         await asyncio.sleep(0.5)
         t0 = time.perf_counter()
-        posts = await asyncio.gather(*[
-            c.post(route, json=body(ip, n, vendor="generic" if route.endswith("provision") else "dell"),
-                   headers=ADMIN)
-            for n, (ip, route) in enumerate(zip(stack.bmc_ips, routes, strict=True), 1)
-        ])
+        posts = await asyncio.gather(
+            *[
+                c.post(
+                    route,
+                    json=body(ip, n, vendor="generic" if route.endswith("provision") else "dell"),
+                    headers=ADMIN,
+                )
+                for n, (ip, route) in enumerate(zip(stack.bmc_ips, routes, strict=True), 1)
+            ]
+        )
         accepted = time.perf_counter() - t0
         assert [p.status_code for p in posts] == [202] * 5, [p.text for p in posts]
         assert accepted < 5
@@ -66,11 +97,22 @@ async def test_five_hosts_provision_end_to_end(stack):
             token, files = medium_token(stack.cfg.media_dir / f"{job_id}.iso")
             assert b"os-s3cret-pw" not in files["preseed.cfg"]
             h = {"X-Karios-Job-Token": token}
-            r = await c.post(f"/controlnode/job/{job_id}/step", json={"step": "partitioning", "state": "active",
-                                                                       "percent": 60}, headers=h)
+            r = await c.post(
+                f"/controlnode/job/{job_id}/step",
+                json={"step": "partitioning", "state": "active", "percent": 60},
+                headers=h,
+            )
             assert r.status_code == 200, r.text
-            r = await c.post(f"/controlnode/job/{job_id}/complete",
-                             json={"os_ip": f"10.1.0.{n}", "os_password": "os-s3cret-pw"}, headers=h)
+            if n == 1:
+                print(
+                    f"POST → 'Installing OS' (first host, installer step sent by the test): "
+                    f"{time.perf_counter() - t0:.2f}s"
+                )
+            r = await c.post(
+                f"/controlnode/job/{job_id}/complete",
+                json={"os_ip": f"10.1.0.{n}", "os_password": "os-s3cret-pw"},
+                headers=h,
+            )
             assert r.status_code == 200, r.text
             r = await c.post("/controlnode/firstboot", json={"bmc_ip": ip, "os_ip": f"10.1.0.{n}"}, headers=h)
             assert r.status_code == 200 and r.json()["state"] == "completed", r.text
@@ -83,16 +125,34 @@ async def test_five_hosts_provision_end_to_end(stack):
             assert names == STAGES, names
             assert all("s3cret" not in str(d) for _, d in events)
 
-        prog = (await c.post("/controlnode/provision/progress/all", json={"bmc_ip": stack.bmc_ips[0]},
-                             headers=ADMIN)).json()
+        prog = (
+            await c.post(
+                "/controlnode/provision/progress/all", json={"bmc_ip": stack.bmc_ips[0]}, headers=ADMIN
+            )
+        ).json()
+        t_first = datetime.fromisoformat(prog[0]["created_at"])
+        print(
+            "stage offsets (host 1):",
+            [
+                (p["stage"], round((datetime.fromisoformat(p["created_at"]) - t_first).total_seconds(), 2))
+                for p in prog
+            ],
+        )
         assert [p["stage"] for p in prog][:4] == ["Queued", "Building ISO", "Mounting ISO", "Booting"]
         assert "Installing OS" in [p["stage"] for p in prog]
-        latest = (await c.post("/controlnode/provision/progress", json={"bmc_ip": stack.bmc_ips[0]},
-                               headers=ADMIN)).json()
+        latest = (
+            await c.post("/controlnode/provision/progress", json={"bmc_ip": stack.bmc_ips[0]}, headers=ADMIN)
+        ).json()
         assert latest["status"] == "completed" and latest["percent_complete"] == 100
         # A callback after completion changes nothing.
-        token, _ = medium_token(stack.cfg.media_dir / f"{jobs[0]}.iso") if (
-            stack.cfg.media_dir / f"{jobs[0]}.iso").exists() else ("x", {})
-        r = await c.post(f"/controlnode/job/{jobs[0]}/step", json={"step": "late", "state": "active"},
-                         headers={"X-Karios-Job-Token": token})
+        token, _ = (
+            medium_token(stack.cfg.media_dir / f"{jobs[0]}.iso")
+            if (stack.cfg.media_dir / f"{jobs[0]}.iso").exists()
+            else ("x", {})
+        )
+        r = await c.post(
+            f"/controlnode/job/{jobs[0]}/step",
+            json={"step": "late", "state": "active"},
+            headers={"X-Karios-Job-Token": token},
+        )
         assert r.status_code in (401, 409)

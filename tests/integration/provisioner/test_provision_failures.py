@@ -39,8 +39,11 @@ async def test_cancel_midway_ejects_clears_boot_and_is_idempotent(stack):
         # sushy-tools always reads back Enabled=Continuous (LAB.md): the target is what changed.
         assert system["Boot"]["BootSourceOverrideTarget"] == "None"
         # A late callback of the cancelled attempt changes nothing.
-        r = await c.post(f"/controlnode/job/{job}/step", json={"step": "x", "state": "active"},
-                         headers={"X-Karios-Job-Token": token})
+        r = await c.post(
+            f"/controlnode/job/{job}/step",
+            json={"step": "x", "state": "active"},
+            headers={"X-Karios-Job-Token": token},
+        )
         assert r.status_code == 409
         assert (await c.get(f"/controlnode/job/{job}", headers=ADMIN)).json()["job_status"] == "cancelled"
         # After a cancel the BMC may be provisioned again.
@@ -51,27 +54,44 @@ async def test_cancel_midway_ejects_clears_boot_and_is_idempotent(stack):
 async def test_wrong_token_is_401_and_complete_twice_is_409(stack):
     ip = stack.bmc_ips[1]
     async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
-        job = (await c.post("/controlnode/provision", json=body(ip, vendor="generic"), headers=ADMIN)).json()["job_id"]
+        job = (await c.post("/controlnode/provision", json=body(ip, vendor="generic"), headers=ADMIN)).json()[
+            "job_id"
+        ]
         await wait_job(c, job, {"booting"})
         token, _ = medium_token(stack.cfg.media_dir / f"{job}.iso")
-        r = await c.post(f"/controlnode/job/{job}/step", json={"step": "a", "state": "active"},
-                         headers={"X-Karios-Job-Token": "wrong"})
+        r = await c.post(
+            f"/controlnode/job/{job}/step",
+            json={"step": "a", "state": "active"},
+            headers={"X-Karios-Job-Token": "wrong"},
+        )
         assert r.status_code == 401
         r = await c.post(f"/controlnode/job/{job}/step", json={"step": "a", "state": "active"})
         assert r.status_code == 401
         r = await c.post(f"/controlnode/job/{job}/step?token={token}", json={"step": "a", "state": "bogus"})
         assert r.status_code == 422 and r.json()["field"] == "state"
-        r = await c.post(f"/controlnode/job/{job}/complete", json={"os_ip": "10.1.0.9"},
-                         headers={"X-Karios-Job-Token": token})
+        r = await c.post(
+            f"/controlnode/job/{job}/complete",
+            json={"os_ip": "10.1.0.9"},
+            headers={"X-Karios-Job-Token": token},
+        )
         assert r.status_code == 200
-        r = await c.post("/controlnode/firstboot", json={"bmc_ip": ip, "os_ip": "10.1.0.9"},
-                         headers={"X-Karios-Job-Token": token})
+        r = await c.post(
+            "/controlnode/firstboot",
+            json={"bmc_ip": ip, "os_ip": "10.1.0.9"},
+            headers={"X-Karios-Job-Token": token},
+        )
         assert r.status_code == 200
-        r = await c.post(f"/controlnode/job/{job}/complete", json={"os_ip": "10.1.0.9"},
-                         headers={"X-Karios-Job-Token": token})
+        r = await c.post(
+            f"/controlnode/job/{job}/complete",
+            json={"os_ip": "10.1.0.9"},
+            headers={"X-Karios-Job-Token": token},
+        )
         assert r.status_code == 409
-        r = await c.post(f"/controlnode/job/{job}/step", json={"step": "late", "state": "active"},
-                         headers={"X-Karios-Job-Token": token})
+        r = await c.post(
+            f"/controlnode/job/{job}/step",
+            json={"step": "late", "state": "active"},
+            headers={"X-Karios-Job-Token": token},
+        )
         assert r.status_code == 409
 
 
@@ -79,7 +99,9 @@ async def test_redelivered_command_mounts_once(stack):
     ip = stack.bmc_ips[2]
     svc = stack.app.state.jobs
     rt = stack.app.state.runtime
-    cmd = StartProvision(job_id="redelivered-job-1", spec=ProvisionSpec(bmc_ip=ip, vendor="dell", hostname="n3"))
+    cmd = StartProvision(
+        job_id="redelivered-job-1", spec=ProvisionSpec(bmc_ip=ip, vendor="dell", hostname="n3")
+    )
     before = svc.mounts
     # Two deliveries of the same command (distinct message ids, so JetStream dedup does not hide it).
     await rt.bus.send_command(cmd, rt.bus.subjects.cmd("provision", "start"), entity=cmd.job_id)
@@ -94,8 +116,12 @@ async def test_unreachable_and_failing_bmc_fail_clearly(stack):
     stack.cfg.bmc_endpoints["10.99.1.1"] = {"url": "http://127.0.0.1:9", "username": "a", "password": "b"}
     stack.cfg.bmc_endpoints["10.99.1.2"] = {"url": stack.emu.url, "username": "a", "password": "wrong"}
     async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
-        j1 = (await c.post("/controlnode/provision/dell", json=body("10.99.1.1"), headers=ADMIN)).json()["job_id"]
-        j2 = (await c.post("/controlnode/provision/hp", json=body("10.99.1.2"), headers=ADMIN)).json()["job_id"]
+        j1 = (await c.post("/controlnode/provision/dell", json=body("10.99.1.1"), headers=ADMIN)).json()[
+            "job_id"
+        ]
+        j2 = (await c.post("/controlnode/provision/hp", json=body("10.99.1.2"), headers=ADMIN)).json()[
+            "job_id"
+        ]
         f1 = await wait_job(c, j1, {"failed"})
         f2 = await wait_job(c, j2, {"failed"})
     assert "failed after 2 tries" in f1["message"] and "10.99.1.1" in f1["message"]

@@ -1,4 +1,4 @@
-"""The published contract must match the code (regenerate: python -m karios.bootapi openapi -o ...)."""
+"""The published contract must match the code."""
 
 from __future__ import annotations
 
@@ -7,17 +7,14 @@ from pathlib import Path
 
 from karios.bootapi.app import openapi_document
 
+REGENERATE = "uv run python -m karios.bootapi openapi -o docs/openapi/bootapi.json"
 DOC = Path(__file__).resolve().parents[3] / "docs" / "openapi" / "bootapi.json"
 
 
 def test_docs_openapi_bootapi_json_is_current():
     current = json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n"
-    assert DOC.exists(), (
-        "docs/openapi/bootapi.json missing: python -m karios.bootapi openapi -o docs/openapi/bootapi.json"
-    )
-    assert DOC.read_text() == current, (
-        "docs/openapi/bootapi.json is stale: run `uv run python -m karios.bootapi openapi -o docs/openapi/bootapi.json`"
-    )
+    assert DOC.exists(), f"{DOC} missing: {REGENERATE}"
+    assert DOC.read_text() == current, f"docs/openapi/bootapi.json is stale: run `{REGENERATE}`"
 
 
 def test_openapi_documents_every_seed_endpoint():

@@ -17,8 +17,16 @@ FIXTURES = Path(__file__).parent / "fixtures" / "redfish"
 
 
 def _err(status: int, message_id: str, message: str) -> httpx.Response:
-    return httpx.Response(status, json={"error": {"code": message_id, "message": message, "@Message.ExtendedInfo": [
-        {"MessageId": message_id, "Message": message}]}})
+    return httpx.Response(
+        status,
+        json={
+            "error": {
+                "code": message_id,
+                "message": message,
+                "@Message.ExtendedInfo": [{"MessageId": message_id, "Message": message}],
+            }
+        },
+    )
 
 
 class FakeBmc:
@@ -59,7 +67,11 @@ class FakeBmc:
             self.writes.append((method, path, copy.deepcopy(body)))
         if method == "GET":
             d = self.doc(path)
-            return httpx.Response(200, json=d) if d is not None else _err(404, "Base.1.0.ResourceMissingAtURI", path)
+            return (
+                httpx.Response(200, json=d)
+                if d is not None
+                else _err(404, "Base.1.0.ResourceMissingAtURI", path)
+            )
         if method == "POST" and path.endswith("/SessionService/Sessions"):
             return _err(404, "Base.1.0.ResourceMissingAtURI", path)
         if "/Actions/" in path:
@@ -70,7 +82,9 @@ class FakeBmc:
             if action.endswith("InsertMedia") or action.endswith("InsertVirtualMedia"):
                 bad = set(body) & self.reject_params
                 if bad:
-                    return _err(400, "Base.1.4.PropertyUnknown", f"The property {sorted(bad)[0]} is not valid")
+                    return _err(
+                        400, "Base.1.4.PropertyUnknown", f"The property {sorted(bad)[0]} is not valid"
+                    )
                 image = self.report_image or body["Image"]
                 owner_doc.update({"Image": image, "Inserted": True, "ConnectedVia": "URI"})
             elif action.endswith("EjectMedia") or action.endswith("EjectVirtualMedia"):

@@ -28,8 +28,15 @@ REJECTS = {"cisco": frozenset({"Inserted", "WriteProtected"})}
 
 def make(vendor: str, fixture: str) -> tuple[RedfishDriver, FakeBmc]:
     bmc = FakeBmc(fixture, reject_params=REJECTS.get(vendor, frozenset()))
-    ep = BmcEndpoint(bmc_ip="10.0.0.5", base_url="https://10.0.0.5", username="admin", password="pw-s3cret",
-                     retries=1, backoff=0.0, power_deadline=2)
+    ep = BmcEndpoint(
+        bmc_ip="10.0.0.5",
+        base_url="https://10.0.0.5",
+        username="admin",
+        password="pw-s3cret",
+        retries=1,
+        backoff=0.0,
+        power_deadline=2,
+    )
     return driver_for(vendor)(ep, transport=bmc.transport()), bmc
 
 
@@ -46,7 +53,9 @@ async def test_driver_mounts_boots_and_cleans_up(vendor, fixture, preinserted):
         assert bmc.doc(slot_uri)["Image"] == IMAGE  # what the BMC reports, read back
         assert any(t in bmc.doc(slot_uri)["MediaTypes"] for t in ("CD", "DVD"))
         if preinserted:
-            ejected = [w for w in bmc.writes if "Eject" in w[1] or (w[0] == "PATCH" and w[2].get("Image") is None)]
+            ejected = [
+                w for w in bmc.writes if "Eject" in w[1] or (w[0] == "PATCH" and w[2].get("Image") is None)
+            ]
             assert ejected, "an inserted medium is ejected before inserting ours"
         await drv.set_boot_cd_once()
         sys_doc = bmc.doc(await drv.system_uri())
@@ -83,8 +92,13 @@ async def test_supermicro_sends_only_actioninfo_parameters_and_skips_empty_eject
     async with drv:
         await drv.mount(IMAGE)
     inserts = [w for w in bmc.writes if w[1].endswith("InsertMedia")]
-    assert len(inserts) == 1 and set(inserts[0][2]) <= {"Image", "Inserted", "WriteProtected",
-                                                          "TransferProtocolType", "TransferMethod"}
+    assert len(inserts) == 1 and set(inserts[0][2]) <= {
+        "Image",
+        "Inserted",
+        "WriteProtected",
+        "TransferProtocolType",
+        "TransferMethod",
+    }
     assert not [w for w in bmc.writes if "Eject" in w[1]]
 
 
@@ -96,8 +110,9 @@ async def test_cisco_omits_properties_cimc_rejects():
     assert "Inserted" not in insert[2] and "WriteProtected" not in insert[2]
     # The generic driver sends them and the (documented) CIMC refuses: a clear error, not a crash.
     ep = BmcEndpoint(bmc_ip="10.0.0.5", base_url="https://x", retries=0)
-    generic = RedfishDriver(ep, transport=FakeBmc("cisco/cimc-4.x_documented",
-                                                  reject_params=REJECTS["cisco"]).transport())
+    generic = RedfishDriver(
+        ep, transport=FakeBmc("cisco/cimc-4.x_documented", reject_params=REJECTS["cisco"]).transport()
+    )
     async with generic:
         with pytest.raises(Exception, match="PropertyUnknown"):
             await generic.mount(IMAGE)

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from faststream.nats import NatsMessage
 
 from karios.common.bus.envelope import RawEnvelope
 from karios.common.contracts.inventory import (
@@ -179,7 +180,7 @@ def create_app(
     rt.bus.query_responder(subjects.request("inventory", "allocate_ip"), AllocateIp, allocate_ip)
 
     # Every replica (no queue group) drops its cache entries when any device changes.
-    async def on_inventory_event(body: Any, msg: Any) -> None:
+    async def on_inventory_event(body: Any, msg: NatsMessage) -> None:
         raw = msg.raw_message
         try:
             _domain, fact, _entity = subjects.parse_event(raw.subject)

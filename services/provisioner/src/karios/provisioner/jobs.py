@@ -160,7 +160,9 @@ class JobService:
             "updated_at": _now(),
         }
         async with self.db.session() as s, s.begin():
-            res = await (await s.connection()).execute(pg_insert(T).values(**row).on_conflict_do_nothing().returning(T.c.id))
+            res = await (await s.connection()).execute(
+                pg_insert(T).values(**row).on_conflict_do_nothing().returning(T.c.id)
+            )
             created = res.first() is not None
             other = None
             if created:

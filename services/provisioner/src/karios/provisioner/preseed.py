@@ -137,9 +137,14 @@ def validate_host(hostname: str, os_username: str, nic: str) -> None:
         raise ValidationFailed("selected_nic: not an interface name", field="selected_nic")
 
 
+def partition(disk: str, n: int) -> str:
+    """``/dev/sda`` 2 → ``/dev/sda2``; ``/dev/nvme0n1`` 2 → ``/dev/nvme0n1p2`` (names ending in a digit)."""
+    return f"{disk}p{n}" if disk[-1:].isdigit() else f"{disk}{n}"
+
+
 def render_media_files(ctx: HostContext) -> dict[str, str]:
     """Files for the initrd overlay, by path inside the initrd."""
-    data = {"h": ctx}
+    data = {"h": ctx, "raid_members": "#".join(partition(d, 2) for d in ctx.disks)}
     if ctx.job_type == "unprovision":
         return {
             "preseed.cfg": _ENV.get_template("wipe.cfg.j2").render(**data),

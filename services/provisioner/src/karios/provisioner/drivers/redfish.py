@@ -298,7 +298,9 @@ class RedfishDriver:
     async def clear_boot_override(self) -> None:
         sys_uri = await self.system_uri()
         await self.request(
-            "PATCH", sys_uri, {"Boot": {"BootSourceOverrideTarget": "None", "BootSourceOverrideEnabled": "Disabled"}}
+            "PATCH",
+            sys_uri,
+            {"Boot": {"BootSourceOverrideTarget": "None", "BootSourceOverrideEnabled": "Disabled"}},
         )
 
     async def reset_into_media(self) -> str:
