@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install the Debian packages the lab tests use (a warm machine installs nothing: dpkg is asked first).
+# Runs as root (CI); as a normal user it only reports what is missing — those tests then skip.
+set -euo pipefail
+codename_ver=$(cut -d. -f1 /etc/debian_version 2>/dev/null || echo 12)
+PKGS=(
+  openssh-server frr frr-pythontools iproute2                       # compute nodes (fabric rollout)
+  debconf-utils                                                     # preseed validation
+  xorriso isolinux syslinux-common grub-efi-amd64-bin grub-pc-bin    # provisioning boot media
+  grub-common mtools dosfstools cpio
+  "debian-installer-${codename_ver}-netboot-amd64"
+  redis-server                                                      # NetBox lab
+  git                                                               # bootapi template sync
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "lab setup: not root; missing packages (their tests will skip): ${missing[*]}" >&2
+  exit 0
+fi
+echo "lab setup: installing ${missing[*]}" >&2
+# policy-rc.d keeps package installs from starting system daemons (sshd, frr, redis) we manage ourselves.
+created_policy=0
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && created_policy=1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq || true
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+[ $created_policy = 1 ] && rm -f /usr/sbin/policy-rc.d
+exit 0
