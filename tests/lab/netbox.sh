@@ -21,9 +21,15 @@
 # Run dir (${KARIOS_LAB_RUN:-/tmp/karios-lab}/netbox): root/ (NETBOX_ROOT, holds conf/configuration.py),
 #   runserver.{pid,log}, rqworker.{pid,log}, token, env.
 #
-# Every `up` that starts NetBox drops database karios_netbox and restores it from the dump, and
-# flushes NetBox's two Redis databases, so each test run starts from the same clean state.
+# Every `up` that starts NetBox drops database karios_netbox and recreates it from the dump (via a
+# template database restored from the dump once per cluster, see restore_db), and flushes NetBox's
+# two Redis databases, so each test run starts from the same clean state. `up` while already up
+# leaves the running instance alone; `up --fresh` restarts it from the clean state.
 # Delete netbox-4.7.3/db-pgNN/ to force a re-migration.
+# Python: first usable of python3.13/python3.12 on PATH (failing pyenv shims are skipped),
+# /root/.pyenv/versions/3.13*/bin/python3, .../3.12*/bin/python3, a previously built
+# $KARIOS_LAB_CACHE/cpython-3.13, Debian 13's /usr/bin/python3.13 (+ python3.13-venv/-dev), else a
+# CPython 3.13 build from Debian trixie's source package (the Debian 12 case).
 #
 # How webhooks get delivered (read from the 4.7.3 wheel: extras/events.py, extras/event_rules.py,
 # extras/webhooks.py, core/management/commands/rqworker.py):
@@ -86,8 +92,6 @@ apt_install() {  # installs only what is missing, so the apt lock is not taken f
         || { "${SUDO[@]}" apt-get update >&2 \
              && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2; }
 }
-
-debian_major() { cut -d. -f1 /etc/debian_version 2>/dev/null || echo unknown; }
 
 # ---------------------------------------------------------------------------------------------
 # PostgreSQL and Redis (shared services: started if down, never stopped by this script)
@@ -182,7 +186,7 @@ build_cpython() {
     tar -xf "$(find "$work" -maxdepth 1 -name 'python3.13_*.orig.tar.*' ! -name '*.asc' | head -n1)" -C "$work/src"
     local srcdir
     srcdir=$(ls -d "$work"/src/*/ | head -n1)
-    (cd "$srcdir" && ./configure --prefix="$prefix" --with-ensurepip=install >&2 \
+    (cd "$srcdir" && ./configure --prefix="$prefix" --with-ensurepip=install --disable-test-modules >&2 \
         && make -j"$(nproc)" >&2 && make install >&2) || die "CPython build failed (sources in $work)"
     rm -rf "$work"
     py_check "$prefix/bin/python3.13" || die "built CPython at $prefix is not usable"

@@ -9,7 +9,9 @@ import json
 import httpx
 import nats
 import pytest
+import sqlalchemy as sa
 from pydantic import SecretStr
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from karios.api_gateway.app import create_app as gateway_app
 from karios.common.bus.runtime import Bus
@@ -148,7 +150,21 @@ async def test_pxe_enabled_round_trips_and_announces_the_change(settings, bus, i
         await nc.close()
 
 
-async def test_registry_gives_ssh_and_bmc_access_as_ciphertext_only(settings, serve, bus, inventory):
+@pytest.fixture
+async def forget_registered(settings):
+    """Rows this test registers are deleted again: the session database is shared with other tests."""
+    yield
+    eng = create_async_engine(settings.database_url)
+    async with eng.begin() as conn:
+        await conn.execute(
+            sa.text("DELETE FROM inventory.bmc_infos WHERE bmc_ip IN ('10.20.0.11', '10.20.0.12')")
+        )
+    await eng.dispose()
+
+
+async def test_registry_gives_ssh_and_bmc_access_as_ciphertext_only(
+    settings, serve, bus, inventory, forget_registered
+):
     gw = await serve(gateway_app(settings))
     async with httpx.AsyncClient(base_url=gw.url, headers=ADMIN) as c:
         for body in (
