@@ -73,7 +73,11 @@ async def test_register_round_trip_reaches_sse_and_stores_encrypted(settings, se
         assert r2.status_code == 200 and r2.json()["created"] is False and r2.json()["node_ip"] == "10.1.0.6"
     eng = create_async_engine(settings.database_url)
     async with eng.connect() as conn:
-        rows = (await conn.execute(sa.text("SELECT * FROM inventory.bmc_infos"))).mappings().all()
+        rows = (
+            (await conn.execute(sa.text("SELECT * FROM inventory.bmc_infos WHERE bmc_ip = '10.0.0.5'")))
+            .mappings()
+            .all()
+        )
     await eng.dispose()
     assert len(rows) == 1
     row = rows[0]
