@@ -289,8 +289,8 @@ EOF
 }
 
 # ---------------------------------------------------------------------------------------------
-# Database: built once per NetBox version and PostgreSQL major (netbox migrate, ~5 min), then
-# restored from the dump on every up (~1-2 s).
+# Database: built once per NetBox version and PostgreSQL major (netbox migrate, 5-7 min), then
+# recreated from the dump on every up (template clone, 0.3-2 s).
 
 build_db_cache() {  # $1 = final cache dir (db-pgNN)
     local dst=$1 tmp=$1.tmp
@@ -299,7 +299,7 @@ build_db_cache() {  # $1 = final cache dir (db-pgNN)
     write_config "$tmp/secrets.env"
     dropdb -w --if-exists --force "$DB_NAME"
     createdb -w "$DB_NAME"
-    log "netbox migrate (first run only, ~5 min)"
+    log "netbox migrate (first run only, 5-7 min)"
     "$VENV/bin/netbox" migrate --no-input >"$RUN_DIR/migrate.log" 2>&1 \
         || { tail -n 40 "$RUN_DIR/migrate.log" >&2; die "netbox migrate failed (log: $RUN_DIR/migrate.log)"; }
     log "creating superuser admin and a v2 API token"

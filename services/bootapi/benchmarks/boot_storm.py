@@ -10,10 +10,14 @@ once: each request goes over the bus), ``/ipxe`` warm (the same MACs from the ca
 again. On a noisy machine the ratio ipxe/healthz is the figure that matters.
 """
 
+# ruff: noqa: ASYNC220, ASYNC230, ASYNC240, ASYNC251, S108
+
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
 import os
 import signal
 import socket
@@ -34,19 +38,26 @@ def settings(prefix: str):  # type: ignore[no-untyped-def]
     from karios.common.settings import KariosSettings
 
     return KariosSettings(
-        dev_mode=True, bus_prefix=prefix, log_json=False, log_level="WARNING",
+        dev_mode=True,
+        bus_prefix=prefix,
+        log_json=False,
+        log_level="WARNING",
         nats_url=os.environ.get("KARIOS_NATS_URL", "nats://127.0.0.1:4222"),
     )
 
 
-async def run_inventory(prefix: str, hosts: int) -> None:
+async def run_inventory(prefix: str, hosts: int, ready: str) -> None:
     from karios.common.bus.runtime import Bus
     from karios.common.contracts.inventory import Host, HostInterface, HostQuery
     from karios.common.errors import NotFound
 
     table = {
-        mac_of(i): Host(id=i, name=f"node-{i:05d}.storm.example", platform="almalinux-9",
-                        interfaces=[HostInterface(name="eno1", macs=[mac_of(i)])]).model_dump(mode="json")
+        mac_of(i): Host(
+            id=i,
+            name=f"node-{i:05d}.storm.example",
+            platform="almalinux-9",
+            interfaces=[HostInterface(name="eno1", macs=[mac_of(i)])],
+        ).model_dump(mode="json")
         for i in range(hosts)
     }
 
@@ -59,7 +70,9 @@ async def run_inventory(prefix: str, hosts: int) -> None:
     bus = Bus.from_settings(settings(prefix), "inventory")
     bus.query_responder(bus.subjects.query("inventory", "host"), HostQuery, host)
     await bus.start()
-    print("ready", flush=True)
+    logging.getLogger("faststream").setLevel(logging.WARNING)  # no access log line per request
+    with open(ready, "w") as f:
+        f.write("ready")
     await asyncio.Event().wait()
 
 
@@ -70,6 +83,7 @@ def run_bootapi(prefix: str, port: int) -> None:
     from karios.bootapi.settings import BootapiSettings
 
     app = create_app(settings(prefix), BootapiSettings(_env_file=None))  # type: ignore[call-arg]
+    logging.getLogger("faststream").setLevel(logging.WARNING)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
@@ -110,8 +124,11 @@ async def phase(port: int, clients: int, paths: list[str], expect: bytes | None 
         c.writer.close()
     latencies.sort()
     return {
-        "requests": len(latencies), "errors": errors, "rps": len(latencies) / elapsed,
-        "p50": statistics.median(latencies) * 1000, "p99": latencies[int(len(latencies) * 0.99) - 1] * 1000,
+        "requests": len(latencies),
+        "errors": errors,
+        "rps": len(latencies) / elapsed,
+        "p50": statistics.median(latencies) * 1000,
+        "p99": latencies[int(len(latencies) * 0.99) - 1] * 1000,
     }
 
 
@@ -136,11 +153,18 @@ async def bench(hosts: int, clients: int) -> None:
     prefix = f"bench{uuid.uuid4().hex[:8]}"
     port = free_port()
     me = [sys.executable, __file__]
-    inv = subprocess.Popen([*me, "--role", "inventory", "--prefix", prefix, "--hosts", str(hosts)],
-                           stdout=subprocess.PIPE, text=True)
-    assert inv.stdout is not None and inv.stdout.readline().strip() == "ready"
-    api = subprocess.Popen([*me, "--role", "bootapi", "--prefix", prefix, "--port", str(port)])
+    ready = f"/tmp/{prefix}.ready"
+    inv = subprocess.Popen(
+        [*me, "--role", "inventory", "--prefix", prefix, "--hosts", str(hosts), "--ready", ready],
+        stdout=subprocess.DEVNULL,
+    )
+    api = None
     try:
+        for _ in range(300):
+            if os.path.exists(ready) or inv.poll() is not None:
+                break
+            time.sleep(0.1)
+        api = subprocess.Popen([*me, "--role", "bootapi", "--prefix", prefix, "--port", str(port)])
         for _ in range(200):
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -157,16 +181,21 @@ async def bench(hosts: int, clients: int) -> None:
         misses = await metric(port, "bootapi_netbox_cache_misses_total")
     finally:
         for p in (api, inv):
-            p.send_signal(signal.SIGINT)
-            p.wait(10)
+            if p is not None:
+                p.send_signal(signal.SIGINT)
+                p.wait(10)
     base = (rows[0][1]["rps"] + rows[3][1]["rps"]) / 2
     print(f"\n{hosts} known MACs, {clients} concurrent keep-alive clients, one bootapi process\n")
-    print(f"| {'phase':<28} | {'requests':>8} | {'errors':>6} | {'req/s':>8} | {'p50 ms':>7} | {'p99 ms':>7} |"
-          f" {'vs healthz':>10} |")
+    print(
+        f"| {'phase':<28} | {'requests':>8} | {'errors':>6} | {'req/s':>8} | {'p50 ms':>7} | {'p99 ms':>7} |"
+        f" {'vs healthz':>10} |"
+    )
     print(f"|{'-' * 30}|{'-' * 10}|{'-' * 8}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 12}|")
     for name, r in rows:
-        print(f"| {name:<28} | {r['requests']:>8} | {r['errors']:>6} | {r['rps']:>8.0f} | {r['p50']:>7.1f} |"
-              f" {r['p99']:>7.1f} | {r['rps'] / base:>10.2f} |")
+        print(
+            f"| {name:<28} | {r['requests']:>8} | {r['errors']:>6} | {r['rps']:>8.0f} | {r['p50']:>7.1f} |"
+            f" {r['p99']:>7.1f} | {r['rps'] / base:>10.2f} |"
+        )
     print(f"\ninventory lookups (cache misses): {misses:.0f} for {2 * hosts} /ipxe requests")
 
 
@@ -177,12 +206,11 @@ def main() -> None:
     ap.add_argument("--role", choices=["bench", "inventory", "bootapi"], default="bench")
     ap.add_argument("--prefix", default="")
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--ready", default="")
     a = ap.parse_args()
     if a.role == "inventory":
-        try:
-            asyncio.run(run_inventory(a.prefix, a.hosts))
-        except KeyboardInterrupt:
-            pass
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run_inventory(a.prefix, a.hosts, a.ready))
     elif a.role == "bootapi":
         run_bootapi(a.prefix, a.port)
     else:

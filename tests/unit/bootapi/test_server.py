@@ -186,3 +186,16 @@ async def test_provisioned_host_is_gated_on_its_next_pxe_boot():
     assert "inst.ks=" in await server.ipxe_script("52:54:00:aa:00:11")  # now cached
     await server.provisioned("node-a1.lab.example", {"token": TOKEN})
     assert LOCAL in await server.ipxe_script("52:54:00:aa:00:11")
+
+
+async def test_rendered_scripts_are_reused_until_the_host_or_templates_change():
+    hosts = FixedHosts()
+    server = make_server(hosts)
+    first = await server.ipxe_script("52:54:00:aa:00:11")
+    assert await server.ipxe_script("52:54:00:aa:00:11") is first  # same cached Host: no re-render
+    changed = hosts.hosts["node-a1.lab.example"].model_copy(update={"platform": "fedora"})
+    hosts.hosts["node-a1.lab.example"] = changed
+    server.hosts.invalidate(name=changed.name)
+    assert "installs fedora" in await server.ipxe_script("52:54:00:aa:00:11")
+    server.templates.publish(load_template_set(default_set_dir(), origin="next"))
+    assert await server.ipxe_script("52:54:00:aa:00:11") is not first

@@ -110,8 +110,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not env.get("KARIOS_DATABASE_URL"):
             pg = EmbeddedPostgres(state)
             env["KARIOS_DATABASE_URL"] = pg.start()
+        from karios.common.db.migrate import ensure_database
         from karios.common.settings import KariosSettings
 
+        asyncio.run(ensure_database(env["KARIOS_DATABASE_URL"]))
         settings = KariosSettings(_env_file=None, **{"dev_mode": True})  # ports/host as configured
         logs = state / "logs"
         logs.mkdir(exist_ok=True)

@@ -42,7 +42,11 @@ def build_servers(settings: KariosSettings, boot: BootapiSettings) -> list[uvico
 
 
 async def serve(settings: KariosSettings | None = None, boot: BootapiSettings | None = None) -> None:
-    servers = build_servers(settings or KariosSettings(), boot or BootapiSettings())
+    await run_servers(build_servers(settings or KariosSettings(), boot or BootapiSettings()))
+
+
+async def run_servers(servers: list[uvicorn.Server]) -> None:
+    """Start the plain listener (it runs the lifespan) first, then the HTTPS one; stop together."""
     first = asyncio.create_task(servers[0].serve())
     while not servers[0].started and not first.done():  # noqa: ASYNC110 - uvicorn exposes only a flag
         await asyncio.sleep(0.05)

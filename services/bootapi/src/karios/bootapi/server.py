@@ -6,8 +6,8 @@ except the error classes, which map to statuses in one place (``karios.common.ht
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from karios.bootapi import core
 from karios.bootapi.core import FallbackReason
@@ -38,13 +38,36 @@ class BootServer:
     base_url: str
     fallback: str = "local"
     provision_token: str | None = None
+    max_memo: int = 100_000
+    # Rendered iPXE scripts, reused while the template generation and the cached Host object are the
+    # same ones (a cache refresh or invalidation yields a new Host object, so no stale script survives).
+    _memo: dict[tuple[str, str], tuple[object, str]] = field(default_factory=dict, repr=False)
+    _memo_generation: int = -1
+
+    def _memoized(self, key: tuple[str, str], owner: object, render: Callable[[], str]) -> str:
+        if self._memo_generation != self.templates.generation:
+            self._memo.clear()
+            self._memo_generation = self.templates.generation
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is owner:
+            return hit[1]
+        text = render()
+        if len(self._memo) >= self.max_memo:
+            self._memo.clear()
+        self._memo[key] = (owner, text)
+        return text
 
     # -- /ipxe -------------------------------------------------------------------
     def _fallback(self, reason: FallbackReason, mac: str | None) -> str:
         self.metrics.ipxe_fallback.labels(reason.value).inc()
         if reason is FallbackReason.GATED:
             self.metrics.ipxe_gated.inc()
-        script = core.render_fallback_script(self.templates.get(), self.fallback, mac)
+        templates = self.templates.get()
+        script = self._memoized(
+            ("fallback", mac or ""),
+            templates,
+            lambda: core.render_fallback_script(templates, self.fallback, mac),
+        )
         self.metrics.render.labels("ipxe", "ok").inc()
         return script
 
@@ -64,7 +87,12 @@ class BootServer:
             assert decision.reason is not None
             return self._fallback(decision.reason, mac)
         try:
-            script = core.render_ipxe_script(templates, host, mac, decision.entry, self.base_url)
+            entry = decision.entry
+            script = self._memoized(
+                ("ipxe", mac),
+                host,
+                lambda: core.render_ipxe_script(templates, host, mac, entry, self.base_url),
+            )
         except TemplateRenderError as exc:
             self.metrics.render.labels("ipxe", "error").inc()
             log.error("iPXE template failed; serving fallback", host=host.name, error=str(exc))

@@ -31,14 +31,18 @@ from karios.common.settings import KariosSettings
 from karios.fabric_worker import store
 from karios.fabric_worker.models import SCHEMA
 from karios.fabric_worker.plan import plan_fabric
+from karios.fabric_worker.rollout_service import RolloutSettings, register_rollout
 
 SERVICE = "fabric-worker"
 
 
-def create_app(settings: KariosSettings | None = None) -> FastAPI:
+def create_app(
+    settings: KariosSettings | None = None, *, rollout_settings: RolloutSettings | None = None
+) -> FastAPI:
     settings = settings or KariosSettings()
     rt = ServiceRuntime(SERVICE, settings, schema=SCHEMA, migrations=Path(__file__).parent / "migrations")
     box = SecretBox.from_settings(settings)
+    rollout = register_rollout(rt, box, rollout_settings)
     subjects = rt.bus.subjects
 
     def db():  # type: ignore[no-untyped-def]
@@ -54,11 +58,13 @@ def create_app(settings: KariosSettings | None = None) -> FastAPI:
             row = await store.load(s)
         if row is None:
             raise NotFound("no fabric configuration is stored")
-        return store.view_of(row)
+        return await rollout.decorate(store.view_of(row))
 
     async def delete_config(_q: DeleteFabricConfig) -> DeleteResult:
+        teardown = await rollout.prepare_teardown()  # 409 while an apply runs
         async with db().session() as s, s.begin():
-            return await store.delete(s)
+            result = await store.delete(s)
+        return rollout.start_teardown(teardown, result)
 
     async def plan(req: FabricPlanRequest) -> FabricPlan:
         return plan_fabric(req)
@@ -82,4 +88,8 @@ def create_app(settings: KariosSettings | None = None) -> FastAPI:
     rt.bus.query_responder(subjects.query("fabric", "config"), FabricConfigQuery, get_config)
     rt.bus.query_responder(subjects.query("fabric", "plan"), FabricPlanRequest, plan)
     rt.bus.query_responder(subjects.query("fabric", "vtep_pool"), VtepPoolQuery, vtep_pool)
-    return build_app(rt, title="Karios fabric-worker")
+
+    async def on_stop(_rt: ServiceRuntime) -> None:
+        await rollout.stop()
+
+    return build_app(rt, title="Karios fabric-worker", on_stop=on_stop)

@@ -30,6 +30,8 @@ class FabricConfigRow(SQLModel, table=True):
     rollout_status: str = ""
     frr_hmac_sha_capable: bool | None = None  # written by preflight only
     underlay_mtu: int = 0  # preflight consensus; 0 = unknown
+    underlay_cidr: str = ""  # last preflight's underlay_cidr (apply falls back to management_cidr)
+    node_overrides: list = Field(default_factory=list, sa_type=sa.JSON)  # last preflight's overrides
     created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
     updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
 
@@ -62,6 +64,32 @@ class SwitchAckAudit(SQLModel, table=True):
     old_range: str
     new_range: str
     skipped: bool = False
+
+
+class FabricJobRow(SQLModel, table=True):
+    """One fabric apply / teardown job: its summary as ``GET /fabric-config/latest`` shows it."""
+
+    __tablename__ = "fabric_jobs"
+    __table_args__ = {"schema": SCHEMA}
+
+    job_id: str = Field(primary_key=True, max_length=64)
+    job_type: str = Field(max_length=32)
+    job_status: str = Field(max_length=32)
+    summary: dict = Field(sa_type=sa.JSON)
+    seq: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, sa.Identity(), nullable=False))
+    created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+    updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+
+
+class NodeHostKeyRow(SQLModel, table=True):
+    """First-seen SSH host key per node (trust on first use; a changed key is an error)."""
+
+    __tablename__ = "node_host_keys"
+    __table_args__ = {"schema": SCHEMA}
+
+    node_ip: str = Field(primary_key=True, max_length=64)
+    host_key: str
+    first_seen_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
 
 
 processed_messages = processed_messages_table(SQLModel.metadata, SCHEMA)

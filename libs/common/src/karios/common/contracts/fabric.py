@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from karios.common.contracts.base import Query
+from karios.common.contracts.base import Command, Event, Query
 from karios.common.errors import KariosError, register_error
 
 # AES-GCM associated data for the two secrets: a ciphertext only decrypts as what it was stored as.
@@ -134,6 +134,7 @@ class DeleteResult(BaseModel):
     deleted: bool
     message: str
     released_vteps: int = 0
+    teardown_job_id: str = Field("", description="Whole-fabric teardown job started ('' = none)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,3 +277,202 @@ class VtepAllocation(BaseModel):
     node_ip: str
     vtep_ip: str
     created: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout (issue 6): preflight, apply, cancel, latest, node apply/teardown, post-deploy
+
+
+class PreflightOverride(BaseModel):
+    node_ip: str = Field(description="(required)")
+    underlay_iface_hint: str = Field("", description="(required)")
+    underlay_ip: str = Field("", description='host/CIDR, e.g. "10.60.200.5/24" (required)')
+    underlay_bridge_name: str = Field("", description="optional, derive from CIDR when empty")
+
+
+class FabricPreflightRequest(Query):
+    """``POST /controlnode/fabric-config/preflight`` body (seed fields)."""
+
+    TYPE = "karios.fabric.preflight.v1"
+    model_config = ConfigDict(extra="ignore")
+
+    underlay_cidr: str = Field("", description='IPv4 CIDR, e.g. "10.60.200.0/24" (required)')
+    router_id_base: str = Field("", description="VTEP pool base, falls back to stored FabricConfig")
+    router_id_prefix_len: int = Field(0, description="VTEP pool prefix, falls back to stored FabricConfig")
+    expected_nodes: int = Field(0, description="override stored sizing hint for capacity warn")
+    node_overrides: list[PreflightOverride] = Field(default_factory=list)
+
+
+class PreflightNodeView(BaseModel):
+    node_ip: str
+    fqdn: str = ""
+    mode: str = Field(description="reuse | override | needs_override | unreachable")
+    needs_override: bool = False
+    bridge: str = ""
+    bridge_mtu: int = 0
+    underlay_ip: str = ""
+    reason: str = ""
+
+
+class MtuDriftView(BaseModel):
+    node_ip: str
+    fqdn: str = ""
+    bridge: str
+    bridge_mtu: int
+
+
+class VtepPoolHeadroom(BaseModel):
+    router_id_base: str
+    router_id_prefix_len: int
+    capacity: int
+    expected_nodes: int
+    headroom: int
+    overalloc_warn: bool
+
+
+class FabricPreflightResult(BaseModel):
+    underlay_cidr: str
+    nodes: list[PreflightNodeView]
+    matched_bridges: list[str]
+    node_overrides: list[PreflightOverride] = Field(default_factory=list)
+    underlay_mtu: int
+    mtu_drift: list[MtuDriftView]
+    vtep_pool: VtepPoolHeadroom
+    ready: bool
+    frr_hmac_sha_capable: bool | None = Field(None, description="FRR HMAC-SHA probe (null: no node probed)")
+
+
+class FabricApplyCheck(Query):
+    """Gateway → worker before the 202: a config exists, it can be rolled out, nothing in flight."""
+
+    TYPE = "karios.fabric.apply_check.v1"
+    node_ip: str = ""
+
+
+class StartFabricApply(Command):
+    """Run an apply job (every registered node, or only ``node_ip``)."""
+
+    TYPE = "karios.fabric.start_apply.v1"
+    job_id: str
+    node_ip: str = ""
+    caller: str = ""
+
+
+class ApplyAccepted(BaseModel):
+    apply_job_id: str
+    created: bool = Field(True, description="true if new record, false if updated")
+    id: int = Field(1, description="FabricConfig id")
+    message: str = ""
+
+
+class CancelFabricApply(Query):
+    TYPE = "karios.fabric.cancel_apply.v1"
+    job_id: str
+
+
+class CancelAccepted(BaseModel):
+    job_id: str
+    state: str = "apply_cancelling"
+    message: str = ""
+
+
+class FabricLatestQuery(Query):
+    TYPE = "karios.fabric.latest_query.v1"
+
+
+class FabricJobNodeView(BaseModel):
+    node_ip: str
+    fqdn: str = ""
+    ok: bool = False
+    reachable: bool = Field(True, description="false = SSH dial failed before EVPN step ran")
+    error: str = ""
+    changed: bool = False
+    rolled_back: bool = False
+    vtep_ip: str = ""
+
+
+class FabricJobView(BaseModel):
+    """``GET /controlnode/fabric-config/latest`` (seed fields) and ``last_job`` of the config."""
+
+    job_id: str
+    job_type: str = Field(description="fabric_apply | fabric_teardown")
+    job_status: str = Field(description="running | completed | failed | partial | cancelled")
+    rollout_status: str = ""
+    state: str = Field("", description="last SSE state: apply_*/teardown_*/node_*")
+    progress: int = 0
+    strict: bool = False
+    fabric_id: str = "1"
+    total_nodes: int = 0
+    completed_nodes: int = 0
+    failed_nodes: int = 0
+    first_fail_node: str = ""
+    first_fail_error: str = ""
+    error: str = ""
+    nodes: list[FabricJobNodeView] = Field(default_factory=list)
+    created_at: str = ""
+    updated_at: str = ""
+
+
+class TeardownFabricNode(Query):
+    TYPE = "karios.fabric.teardown_node.v1"
+    node_ip: str
+
+
+class NodeTeardownView(BaseModel):
+    node_ip: str
+    removed: bool
+    reachable: bool = True
+    message: str = ""
+    steps: list[str] = Field(default_factory=list)
+
+
+class PostdeployQuery(Query):
+    TYPE = "karios.fabric.postdeploy_query.v1"
+    node_ip: str
+    bmc_ip: str = ""
+    batch_id: str = ""
+
+
+class PostdeployStep(BaseModel):
+    """One step of a node's post-deploy checklist (seed fields)."""
+
+    step_id: str
+    status: str = Field(description="passed | failed | warning | pending")
+    message: str = ""
+    progress: int = 0
+    node_ip: str = ""
+    bmc_ip: str = ""
+    batch_id: str = ""
+    created_at: str = ""
+    updated_at: str = ""
+
+
+class BatchNodePostdeploy(BaseModel):
+    node_ip: str = ""
+    bmc_ip: str = ""
+    job_id: str = ""
+    ok: bool = False
+    steps: list[PostdeployStep] = Field(default_factory=list)
+
+
+class BatchPostdeploy(BaseModel):
+    batch_id: str
+    total_nodes: int
+    ok_nodes: int
+    failed_nodes: int
+    pending_nodes: int
+    ok: bool
+    nodes: list[BatchNodePostdeploy]
+
+
+class FabricRolloutEvent(Event):
+    """Progress of a fabric job (SSE channel ``fabric``, event name ``fabric_switch``). No secrets."""
+
+    TYPE = "karios.fabric.rollout_event.v1"
+    job_id: str
+    job_type: str
+    state: str
+    progress: int = 0
+    node_ip: str = ""
+    fqdn: str = ""
+    message: str = ""

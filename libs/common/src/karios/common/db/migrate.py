@@ -76,6 +76,9 @@ async def ensure_database(url: str) -> None:
                 await conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname=:n"), {"n": u.database})
             ).first()
             if not exists:
-                await conn.execute(sa.text(f'CREATE DATABASE "{u.database}"'))
+                try:
+                    await conn.execute(sa.text(f'CREATE DATABASE "{u.database}"'))
+                except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
+                    pass  # another service created it at the same moment
     finally:
         await admin.dispose()

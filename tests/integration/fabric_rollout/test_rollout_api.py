@@ -1,0 +1,295 @@
+"""Fabric rollout through the gateway: real NATS + PostgreSQL, the real inventory, fabric-worker
+and gateway, and the lab's 3 namespace nodes (sshd + FRR) with a route reflector.
+
+preflight → apply (202) → SSE fabric_switch per node → latest completed → config ready →
+node post-deploy all passed → re-apply is a no-op → batch post-deploy → cancel 404 for a wrong
+id → DELETE node → DELETE fabric-config tears the rest down. Checks on the nodes themselves
+(`vtysh`, `ip link`), not only Karios' report.
+
+Needs root (namespaces): skipped with the reason otherwise, failed under CI=true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from karios.api_gateway.app import create_app as gateway_app
+from karios.api_gateway.auth import Role, create_token
+from karios.api_gateway.readmodel import JobRow
+from karios.fabric_worker.app import create_app as worker_app
+from karios.fabric_worker.rollout_service import RolloutSettings
+from karios.inventory.app import create_app as inventory_app
+from tests.conftest import ADMIN
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
+import fabric_lab
+
+pytestmark = pytest.mark.lab
+CI = os.environ.get("CI", "").lower() == "true"
+VIEWER = {"Authorization": "Bearer kt_test-rollout-viewer"}
+CONFIG = {
+    "as": 65000,
+    "fabric_switch_as": 65000,
+    "fabric_switch_name": "rr",
+    "fabric_switch_nos": "other",
+    "fabric_switch_peering_ip": fabric_lab.FABRIC_IP,
+    "fabric_switch_role": "spine",
+    "management_cidr": "198.18.0.0/24",
+    "router_id_cidr": "198.19.1.1/24",
+    "vxlan_mtu": 9000,
+    "ospf_enabled": False,
+    "expected_nodes": 3,
+}
+
+
+@pytest.fixture(scope="module")
+def lab():
+    reason = fabric_lab.skip_reason()
+    if reason:
+        if CI:
+            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+    with fabric_lab.FabricLab(n_nodes=3, prefix="ka") as lab:
+        yield lab
+
+
+@pytest.fixture
+async def api(settings, serve, lab):
+    await serve(inventory_app(settings))
+    rollout = RolloutSettings(
+        ssh_key=Path(lab.client_key_path),
+        vnis="100,200",
+        frr_log_file="/run/frr/frr.log",
+        connect_timeout=5,
+        verify_timeout=30,
+        preflight_timeout=15,
+    )
+    await serve(worker_app(settings, rollout_settings=rollout))
+    gw = await serve(gateway_app(settings))
+    await create_token(gw.app.state.runtime.db, "viewer-rollout", Role.viewer, "kt_test-rollout-viewer")
+    async with httpx.AsyncClient(base_url=gw.url, timeout=120, headers=ADMIN) as c:
+        c.gateway = gw  # type: ignore[attr-defined]
+        yield c
+
+
+class SseLog:
+    """Collects `fabric_switch` events from GET /controlnode/events?channel=fabric."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client, self.events = client, []
+        self.connected = asyncio.Event()
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        async with self.client.stream("GET", "/controlnode/events", params={"channel": "fabric"}) as r:
+            name = ""
+            async for line in r.aiter_lines():
+                if line.startswith(": connected"):
+                    self.connected.set()
+                elif line.startswith("event: "):
+                    name = line[7:]
+                elif line.startswith("data: ") and name == "fabric_switch":
+                    self.events.append(json.loads(line[6:])["data"])
+
+    def states(self, job_id: str) -> list[tuple[str, str]]:
+        return [(e["state"], e.get("node_ip", "")) for e in self.events if e["job_id"] == job_id]
+
+    async def wait_for(self, job_id: str, state: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while (state, "") not in self.states(job_id):
+            assert time.monotonic() < deadline, f"no {state} for {job_id}: {self.states(job_id)}"
+            await asyncio.sleep(0.2)
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(BaseException):
+            await self.task
+
+
+async def finished(c: httpx.AsyncClient, job_id: str, timeout: float = 150) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        r = await c.get("/controlnode/fabric-config/latest")
+        if r.status_code == 200 and r.json()["job_id"] == job_id and r.json()["job_status"] != "running":
+            return r.json()
+        assert time.monotonic() < deadline, f"job {job_id} still running: {r.text}"
+        await asyncio.sleep(0.5)
+
+
+def sh(lab, node, cmd: str) -> str:
+    return lab.node_exec(node, cmd).stdout.strip()
+
+
+async def test_rollout_through_the_gateway(api: httpx.AsyncClient, lab) -> None:
+    c = api
+    ips = [n.underlay_ip for n in lab.nodes]
+
+    # Nothing stored yet: clear errors, never a 500.
+    assert (await c.post("/controlnode/fabric-config/apply")).status_code == 404
+    assert (await c.get("/controlnode/fabric-config/latest")).status_code == 404
+    assert (await c.post("/controlnode/fabric-config/node/not-an-ip/apply")).status_code == 422
+    assert (await c.post("/controlnode/fabric-config/apply", headers=VIEWER)).status_code == 403
+    bad = await c.post("/controlnode/fabric-config/preflight", json={"underlay_cidr": "10.0.0.0/33"})
+    assert bad.status_code == 422 and bad.json()["field"] == "underlay_cidr"
+
+    for i, n in enumerate(lab.nodes, 1):
+        r = await c.post(
+            "/controlnode/register",
+            json={"bmc_ip": f"198.18.1.{i}", "os_ip": n.underlay_ip, "os_username": "root", "fqdn": n.name},
+        )
+        assert r.status_code == 200, r.text
+    r = await c.post("/controlnode/fabric-config", json=CONFIG)
+    assert r.status_code == 201, r.text
+
+    # -- preflight ------------------------------------------------------------------------
+    t0 = time.monotonic()
+    r = await c.post("/controlnode/fabric-config/preflight", json={"underlay_cidr": "198.18.0.0/24"})
+    assert r.status_code == 200, r.text
+    pf = r.json()
+    preflight_s = time.monotonic() - t0
+    assert pf["ready"] is True and pf["underlay_mtu"] == 9000 and pf["mtu_drift"] == []
+    assert [(n["node_ip"], n["mode"], n["bridge"], n["bridge_mtu"]) for n in pf["nodes"]] == [
+        (ip, "reuse", "br-underlay", 9000) for ip in ips
+    ]
+    assert pf["vtep_pool"]["capacity"] >= 3 and pf["vtep_pool"]["overalloc_warn"] is False
+    cfg = (await c.get("/controlnode/fabric-config")).json()
+    assert cfg["frr_hmac_sha_capable"] is pf["frr_hmac_sha_capable"] is not None  # FRR 8.4 here: False
+
+    # -- apply --------------------------------------------------------------------------
+    sse = SseLog(c)
+    await asyncio.wait_for(sse.connected.wait(), 10)
+    t0 = time.monotonic()
+    r = await c.post("/controlnode/fabric-config/apply")
+    assert r.status_code == 202, r.text
+    job_id = r.json()["apply_job_id"]
+    assert r.json()["created"] is True and r.json()["id"] == 1
+    await sse.wait_for(job_id, "apply_started")
+    assert (await c.post("/controlnode/fabric-config/apply/not-this-one/cancel")).status_code == 404
+    busy = await c.post("/controlnode/fabric-config/apply")
+    assert busy.status_code == 409 and job_id in busy.json()["message"], busy.text
+    job = await finished(c, job_id)
+    apply_s = time.monotonic() - t0
+    assert (job["job_status"], job["completed_nodes"], job["failed_nodes"]) == ("completed", 3, 0), job
+    assert sorted(n["node_ip"] for n in job["nodes"]) == ips
+    assert all(n["ok"] and n["reachable"] and n["vtep_ip"].startswith("198.19.1.") for n in job["nodes"])
+    await sse.wait_for(job_id, "apply_completed")
+    for ip in ips:
+        assert ("node_ready", ip) in sse.states(job_id), sse.states(job_id)
+    assert sse.states(job_id)[0] == ("apply_started", "")
+    # The RR itself sees every node Established.
+    peers = lab.rr_evpn_peer_states()
+    assert {ip: peers.get(ip) for ip in ips} == dict.fromkeys(ips, "Established")
+
+    cfg = (await c.get("/controlnode/fabric-config")).json()
+    assert cfg["rollout_status"] == "ready" and cfg["last_job"] is None
+
+    # -- post-deploy ----------------------------------------------------------------------
+    for ip in ips:
+        r = await c.get(f"/controlnode/fabric-config/node/{ip}/postdeploy", headers=VIEWER)
+        assert r.status_code == 200, r.text
+        steps = r.json()
+        assert {s["step_id"] for s in steps} >= {
+            "frr_installed",
+            "vtep0_up",
+            "bgp_established",
+            "evpn_routes",
+        }
+        assert all(s["status"] == "passed" and s["node_ip"] == ip for s in steps), steps
+    assert (await c.get("/controlnode/fabric-config/node/198.18.9.9/postdeploy")).status_code == 404
+
+    # -- a second apply changes nothing ---------------------------------------------------
+    t0 = time.monotonic()
+    r = await c.post("/controlnode/fabric-config/apply")
+    assert r.status_code == 202, r.text
+    again = await finished(c, r.json()["apply_job_id"])
+    reapply_s = time.monotonic() - t0
+    assert again["job_status"] == "completed" and not any(n["changed"] for n in again["nodes"]), again
+
+    # -- batch post-deploy (the gateway's provisioning read model) --------------------------
+    gw_db = c.gateway.app.state.runtime.db  # type: ignore[attr-defined]
+    async with gw_db.session() as s, s.begin():
+        s.add(JobRow(id="batch-ka", job_type="provision_batch", total_jobs=len(ips)))
+        for i, ip in enumerate(ips, 1):
+            s.add(JobRow(id=f"job-ka-{i}", parent_id="batch-ka", node_ip=ip, bmc_ip=f"198.18.1.{i}"))
+    r = await c.get("/controlnode/fabric-config/batches/batch-ka/postdeploy", headers=VIEWER)
+    assert r.status_code == 200, r.text
+    batch = r.json()
+    assert (batch["total_nodes"], batch["ok_nodes"], batch["ok"]) == (3, 3, True), batch
+    assert sorted((n["node_ip"], n["bmc_ip"]) for n in batch["nodes"]) == [
+        (ip, f"198.18.1.{i}") for i, ip in enumerate(ips, 1)
+    ]
+    assert all(s["bmc_ip"] and s["batch_id"] == "batch-ka" for n in batch["nodes"] for s in n["steps"])
+    assert (await c.get("/controlnode/fabric-config/batches/nope/postdeploy")).status_code == 404
+
+    # -- tear down one node ------------------------------------------------------------------
+    r = await c.delete(f"/controlnode/fabric-config/node/{ips[2]}")
+    assert r.status_code == 200, r.text
+    assert r.json()["removed"] is True and "frr_stopped" in r.json()["steps"], r.json()
+    assert lab.node_exec(3, "ip link show vtep0").returncode != 0
+    assert "frr.conf" not in sh(lab, 3, "ls -A /etc/frr")
+
+    # -- delete the config: whole-fabric teardown --------------------------------------------
+    r = await c.delete("/controlnode/fabric-config")
+    assert r.status_code == 200, r.text
+    teardown_id = r.json()["teardown_job_id"]
+    assert teardown_id
+    td = await finished(c, teardown_id, timeout=60)
+    assert (td["job_type"], td["job_status"], td["total_nodes"]) == ("fabric_teardown", "completed", 2), td
+    for n in (1, 2):
+        assert lab.node_exec(n, "ip link show vtep0").returncode != 0
+        assert "frr.conf" not in sh(lab, n, "ls -A /etc/frr")
+    await sse.wait_for(teardown_id, "teardown_completed")
+    await sse.close()
+    print(f"\npreflight {preflight_s:.1f} s, apply 3 nodes {apply_s:.1f} s, re-apply {reapply_s:.1f} s")
+
+
+async def test_cancel_rolls_back_and_config_shows_last_job(api: httpx.AsyncClient, lab) -> None:
+    c = api
+    for i, n in enumerate(lab.nodes, 1):
+        r = await c.post(
+            "/controlnode/register",
+            json={"bmc_ip": f"198.18.1.{i}", "os_ip": n.underlay_ip, "os_username": "root", "fqdn": n.name},
+        )
+        assert r.status_code == 200, r.text
+    secret = "Rollout-s3cret"  # the RR has no password: this apply could never verify anyway
+    r = await c.post("/controlnode/fabric-config", json=CONFIG | {"bgp_password": secret})
+    assert r.status_code in (200, 201), r.text
+    sse = SseLog(c)
+    await asyncio.wait_for(sse.connected.wait(), 10)
+    r = await c.post("/controlnode/fabric-config/apply")
+    assert r.status_code == 202, r.text
+    job_id = r.json()["apply_job_id"]
+    await sse.wait_for(job_id, "apply_started")
+    first = await c.post(f"/controlnode/fabric-config/apply/{job_id}/cancel")
+    assert first.status_code == 202, first.text
+    again = await c.post(f"/controlnode/fabric-config/apply/{job_id}/cancel")
+    assert again.status_code == 202  # idempotent while the rollback runs
+    job = await finished(c, job_id)
+    await sse.wait_for(job_id, "apply_cancelled")
+    states = [s for s, _ in sse.states(job_id)]
+    assert states.index("apply_cancelling") < states.index("apply_cancelled")
+    assert job["job_status"] == "cancelled" and job["completed_nodes"] == 0, job
+    # Terminal: cancel is now a 404, and every node is back at its (empty) baseline.
+    assert (await c.post(f"/controlnode/fabric-config/apply/{job_id}/cancel")).status_code == 404
+    for n in lab.nodes:
+        assert lab.node_exec(n, "ip link show vtep0").returncode != 0
+        assert sh(lab, n, "ls -A /etc/frr") == ""
+    cfg = (await c.get("/controlnode/fabric-config")).json()
+    assert cfg["rollout_status"] == "failed"
+    assert cfg["last_job"]["job_id"] == job_id and cfg["last_job"]["job_status"] == "cancelled"
+    latest = (await c.get("/controlnode/fabric-config/latest")).text
+    assert secret not in json.dumps(sse.events) + json.dumps(cfg) + latest
+    await sse.close()
+    r = await c.delete("/controlnode/fabric-config")
+    assert r.status_code == 200, r.text
+    if r.json()["teardown_job_id"]:
+        await finished(c, r.json()["teardown_job_id"], timeout=60)
