@@ -137,8 +137,11 @@ async def test_retryable_error_is_retried_then_dead_lettered_with_reason(setting
         events.append(json.loads(msg.data))
         assert events[0]["type"] == "karios.bus.command_failed.v1"
         assert events[0]["data"]["code"] == "UPSTREAM_ERROR"
-        info = await bus.js.stream_info(bus.subjects.cmd_stream)
-        assert info.state.messages == 0
+
+        async def removed_from_work_queue() -> bool:
+            return (await bus.js.stream_info(bus.subjects.cmd_stream)).state.messages == 0
+
+        assert await _wait_for(removed_from_work_queue, timeout=5)
     finally:
         await sub.unsubscribe()
         await nc.close()

@@ -11,6 +11,7 @@ PKGS=(
   "debian-installer-${codename_ver}-netboot-amd64"
   redis-server                                                      # NetBox lab
   git                                                               # bootapi template sync
+  qemu-system-x86 ipxe                                              # real iPXE client (bootapi)
 )
 missing=()
 for p in "${PKGS[@]}"; do

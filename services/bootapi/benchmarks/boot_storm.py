@@ -10,8 +10,6 @@ once: each request goes over the bus), ``/ipxe`` warm (the same MACs from the ca
 again. On a noisy machine the ratio ipxe/healthz is the figure that matters.
 """
 
-# ruff: noqa: ASYNC220, ASYNC230, ASYNC240, ASYNC251, S108
-
 from __future__ import annotations
 
 import argparse

@@ -42,6 +42,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spec = SERVICES[args.service]
     settings = KariosSettings()
+    if spec.name == "bootapi" and not args.port:
+        # bootapi honours its seed's BOOTAPI_LISTEN_ADDR and the optional parallel HTTPS listener.
+        from karios.bootapi.listeners import serve
+
+        asyncio.run(serve(settings))
+        return 0
     port = args.port or int(getattr(settings, spec.port_setting))
     uvicorn.run(spec.create_app(), host=settings.host, port=port, log_level="warning", access_log=False)
     return 0

@@ -7,6 +7,7 @@ hand-reviewed revisions). :func:`upgrade` runs one service's chain programmatica
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -76,9 +77,8 @@ async def ensure_database(url: str) -> None:
                 await conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname=:n"), {"n": u.database})
             ).first()
             if not exists:
-                try:
+                # Another service may create it at the same moment.
+                with contextlib.suppress(sa.exc.IntegrityError, sa.exc.ProgrammingError):
                     await conn.execute(sa.text(f'CREATE DATABASE "{u.database}"'))
-                except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
-                    pass  # another service created it at the same moment
     finally:
         await admin.dispose()
