@@ -286,3 +286,34 @@ async def test_netbox_webhook_reaches_the_receiver_and_emits_device_changed(nb_s
         rule.delete()
         hook.delete()
         await nc.close()
+
+
+async def test_static_ip_is_allocated_from_the_requested_prefix_once(store, nb_lab):
+    """The provisioner's ``prefix_id``: an address reserved in that NetBox prefix, idempotent per device."""
+    import ipaddress
+    import random
+
+    nb = nb_lab.nb
+    dev = nb_lab._new(
+        nb.dcim.devices,
+        {
+            "name": f"kc-alloc-{nb_lab.suffix}",
+            "device_type": nb_lab.dtype.id,
+            "role": nb_lab.role.id,
+            "site": nb_lab.site.id,
+        },
+    )
+    net = f"10.{random.randint(100, 250)}.{random.randint(0, 255)}.0/29"
+    prefix = nb_lab._new(nb.ipam.prefixes, {"prefix": net, "status": "active"})
+    try:
+        first = await store.allocate_ip(dev.name, prefix_id=prefix.id)
+        assert first is not None and first.created is True
+        assert ipaddress.ip_interface(first.address).ip in ipaddress.ip_network(net)
+        again = await store.allocate_ip(dev.name, prefix_id=prefix.id)
+        assert again is not None and again.address == first.address and again.created is False
+        with pytest.raises(NotFound) as missing:
+            await store.allocate_ip(dev.name, prefix_id=999_999_999)
+        assert missing.value.field == "prefix_id"
+    finally:
+        for ip in nb.ipam.ip_addresses.filter(parent=net):
+            ip.delete()

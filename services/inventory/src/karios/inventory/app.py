@@ -160,7 +160,7 @@ def create_app(
         return await inventory.bmc_hardware(q.bmc_ip)
 
     async def allocate_ip(q: AllocateIp) -> IpAllocation:
-        got = await store.allocate_ip(q.name)
+        got = await store.allocate_ip(q.name, prefix_id=q.prefix_id)
         if got is None:
             raise NotFound(f"no device named {q.name} in the inventory ({store.kind})", field="name")
         return got

@@ -228,7 +228,8 @@ class FileStore:
             yaml.safe_dump(data, f, sort_keys=False)
         os.replace(tmp, self._path)
 
-    async def allocate_ip(self, name: str) -> IpAllocation | None:
+    async def allocate_ip(self, name: str, prefix_id: int | None = None) -> IpAllocation | None:
+        # The file inventory has one pool: prefix_id (a NetBox id) does not select among pools here.
         async with self._lock:
             dev = self._by_name.get(name)
             if dev is None:

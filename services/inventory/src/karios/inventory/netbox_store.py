@@ -248,14 +248,20 @@ class NetBoxStore:
             return None
         return await self._host(fresh)
 
-    async def allocate_ip(self, name: str) -> IpAllocation | None:
-        """The device's primary IPv4, else an address of ``static_pool`` reserved in NetBox IPAM for it."""
+    async def allocate_ip(self, name: str, prefix_id: int | None = None) -> IpAllocation | None:
+        """The device's primary IPv4, else an address reserved for it in NetBox IPAM.
+
+        The address comes from prefix ``prefix_id`` when given (the UI's VLAN/prefix choice),
+        else from ``static_pool``.
+        """
         device = await self._device_by_name(name)
         if device is None:
             return None
         primary = (device.get("primary_ip4") or {}).get("address")
         if primary:
             return IpAllocation(name=name, address=primary, created=False)
+        if prefix_id is not None:
+            return await self._allocate_in_prefix_id(name, prefix_id)
         if not self._static_pool:
             raise ValidationFailed(
                 "static_pool: no static IP pool configured (KARIOS_INVENTORY_STATIC_POOL)",
@@ -277,6 +283,27 @@ class NetBoxStore:
             raise UpstreamError(f"NetBox has no prefix {pool} (KARIOS_INVENTORY_STATIC_POOL)")
         created = await self._run(
             f"allocate an address in {pool}",
+            lambda: prefix.available_ips.create({"description": tag, "dns_name": name, "status": "reserved"}),
+            write=True,
+        )
+        return IpAllocation(name=name, address=str(dict(created)["address"]), created=True)
+
+    async def _allocate_in_prefix_id(self, name: str, prefix_id: int) -> IpAllocation:
+        nb = self._nb
+        prefix = await self._run(f"get prefix {prefix_id}", lambda: nb.ipam.prefixes.get(prefix_id))
+        if prefix is None:
+            raise NotFound(f"prefix_id: NetBox has no prefix with id {prefix_id}", field="prefix_id")
+        tag = f"karios static address of {name}"
+        existing = await self._list(
+            f"look up the static address of {name!r}",
+            nb.ipam.ip_addresses,
+            parent=str(prefix.prefix),
+            description=tag,
+        )
+        if existing:
+            return IpAllocation(name=name, address=str(existing[0]["address"]), created=False)
+        created = await self._run(
+            f"allocate an address in prefix {prefix_id}",
             lambda: prefix.available_ips.create({"description": tag, "dns_name": name, "status": "reserved"}),
             write=True,
         )

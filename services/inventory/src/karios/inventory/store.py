@@ -35,8 +35,9 @@ class InventoryStore(Protocol):
         """Disks, GPUs and NICs of the device whose out-of-band IP is ``bmc_ip``."""
         ...
 
-    async def allocate_ip(self, name: str) -> IpAllocation | None:
-        """A static IPv4 for device ``name`` (its primary IPv4 if it has one); ``None`` if unknown."""
+    async def allocate_ip(self, name: str, prefix_id: int | None = None) -> IpAllocation | None:
+        """A static IPv4 for device ``name`` (its primary IPv4 if it has one; else from prefix ``prefix_id``
+        or the configured pool); ``None`` if the device is unknown."""
         ...
 
     async def ping(self) -> bool: ...

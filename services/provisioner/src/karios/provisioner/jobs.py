@@ -245,12 +245,11 @@ class JobService:
             )
         static = None
         if spec.prefix_id is not None:
-            # The inventory allocates from its configured pool by device name; prefix_id is kept
-            # in the job's metadata until the inventory contract takes it.
+            # NetBox allocates from prefix ``prefix_id``; the file inventory from its configured pool.
             alloc = IpAllocation.model_validate(
                 await self.bus.request(
                     self.bus.subjects.request("inventory", "allocate_ip"),
-                    AllocateIp(name=spec.hostname),
+                    AllocateIp(name=spec.hostname, prefix_id=spec.prefix_id),
                 )
             )
             iface = ipaddress.ip_interface(alloc.address)

@@ -230,6 +230,8 @@ class AllocateIp(Query):
 
     TYPE = "karios.inventory.allocate_ip.v1"
     name: str
+    # NetBox prefix to allocate from (the seed's ``prefix_id``); None = the configured static pool.
+    prefix_id: int | None = None
 
 
 class IpAllocation(BaseModel):

@@ -1,6 +1,6 @@
 """Boot storm: 10,000 known MACs, 200 concurrent clients, uncached vs cached, beside /healthz.
 
-    uv run python services/bootapi/benchmarks/boot_storm.py [--hosts 10000] [--clients 200]
+    uv run python benchmarks/boot_storm.py [--hosts 10000] [--clients 200]
 
 Three processes on the real NATS (``KARIOS_NATS_URL``, default 127.0.0.1:4222): a fake inventory
 answering ``q.inventory.host`` from an in-memory table, bootapi (uvicorn, one worker), and this

@@ -1,7 +1,7 @@
 """Cached vs uncached host lookup latency against a real NetBox (tests/lab/netbox.sh).
 
     eval "$(tests/lab/netbox.sh up)"; export NETBOX_URL NETBOX_TOKEN
-    uv run python services/inventory/benchmarks/lookup_latency.py [--n 200]
+    uv run python benchmarks/inventory_lookup.py [--n 200]
 
 Creates a device with 3 NICs through the API (deleted afterwards), then times
 ``Inventory.host(mac)``: uncached (cache cleared before every lookup: the NetBox round trips)
