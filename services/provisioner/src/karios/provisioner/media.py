@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from karios.common.contracts.provision import check_debian_version
+from karios.common.contracts.provision import check_debian_version, debian_suites
 from karios.common.errors import PermanentFailure
 from karios.provisioner.cpio import gzip_overlay
 
@@ -28,7 +28,10 @@ LDLINUX = Path("/usr/lib/syslinux/modules/bios/ldlinux.c32")
 VOLUME_ID = "KARIOS"
 MARKER = ".karios-media"
 
-_SUITE_VERSION = {"bookworm": "12", "trixie": "13"}
+
+def _suite_version() -> dict[str, str]:
+    return {suite: major for major, suite in debian_suites().items() if major.isdigit()}
+
 
 GRUB_STUB = f"""search --no-floppy --set=root --file /{MARKER}
 set prefix=($root)/boot/grub
@@ -37,12 +40,10 @@ configfile ($root)/boot/grub/grub.cfg
 
 
 def debian_release(version: str) -> tuple[str, str]:
-    """``debian_version`` ("12", "13", "bookworm", "12.5") → (major, suite); 422 if unknown.
-
-    Minimal catalog: the shared oscatalog package did not exist when this was written.
-    """
+    """``debian_version`` ("12", "13", "bookworm", "12.5") → (major, suite), from the shared OS
+    catalog (``karios.common.oscatalog``); 422 if the catalog has no such release."""
     suite = check_debian_version(version)
-    return _SUITE_VERSION[suite], suite
+    return _suite_version()[suite], suite
 
 
 def netboot_dir(major: str, arch: str = "amd64", root: Path = NETBOOT_ROOT) -> Path:

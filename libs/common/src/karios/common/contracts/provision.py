@@ -10,6 +10,7 @@ verdict (401 wrong token, 409 finished job) synchronously.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -152,13 +153,34 @@ def check_pool(pool_type: str | None, disks: list[str]) -> tuple[str, int | None
     return name, level
 
 
+@functools.cache
+def debian_suites() -> dict[str, str]:
+    """``debian_version`` spellings → suite, from the OS catalog shared with bootapi.
+
+    A Debian entry of the catalog (installer ``preseed``, platform ``debian-<N>``) with
+    ``vars.suite`` makes that release provisionable: adding a release is one YAML file.
+    """
+    from karios.common.oscatalog import default_set_dir, load_catalog
+
+    suites: dict[str, str] = {}
+    for entry in load_catalog(default_set_dir() / "catalog").entries:
+        suite = str(entry.vars.get("suite", "")) if entry.installer == "preseed" else ""
+        for platform in entry.platforms if suite else ():
+            if platform.startswith("debian-") and platform[7:].isdigit():
+                suites[platform[7:]] = suite
+                suites[suite] = suite
+    return suites or dict(DEBIAN_SUITES)
+
+
 def check_debian_version(version: str | None) -> str:
     """The suite of ``debian_version`` ("12", "13.1", "bookworm") or ValidationFailed."""
     from karios.common.errors import ValidationFailed
 
+    suites = debian_suites()
     key = (version or "12").strip().lower().split(".")[0]
-    if key not in DEBIAN_SUITES:
+    if key not in suites:
+        known = ", ".join(sorted(k for k in suites if k.isdigit()))
         raise ValidationFailed(
-            f"debian_version: {version!r} is not supported (12/bookworm, 13/trixie)", field="debian_version"
+            f"debian_version: {version!r} is not in the OS catalog (known: {known})", field="debian_version"
         )
-    return DEBIAN_SUITES[key]
+    return suites[key]
