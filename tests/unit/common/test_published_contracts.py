@@ -27,3 +27,14 @@ def test_published_openapi_is_current(module, path, cmd):
     current = create_app(KariosSettings(dev_mode=True)).openapi()
     published = json.loads((ROOT / path).read_text())
     assert published == json.loads(json.dumps(current)), f"{path} is stale: run `{cmd}`"
+
+
+def test_published_asyncapi_is_current():
+    from karios.common.contracts.asyncapi import build_document
+
+    current = json.loads(json.dumps(build_document()))
+    published = json.loads((ROOT / "docs/asyncapi.json").read_text())
+    assert published == current, (
+        "docs/asyncapi.json is stale: run `uv run karios asyncapi > docs/asyncapi.json`"
+    )
+    assert len(current["components"]["messages"]) >= 30

@@ -196,6 +196,15 @@ def cmd_openapi(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_asyncapi(_args: argparse.Namespace) -> int:
+    import json
+
+    from karios.common.contracts.asyncapi import build_document
+
+    print(json.dumps(build_document(), indent=2, sort_keys=True))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="karios", description="Karios control plane")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -215,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     oa = sub.add_parser("openapi", help="print a service's OpenAPI document (docs/openapi/<service>.json)")
     oa.add_argument("service", choices=sorted(SERVICES))
     oa.set_defaults(fn=cmd_openapi)
+    aa = sub.add_parser("asyncapi", help="print the bus's AsyncAPI document (docs/asyncapi.json)")
+    aa.set_defaults(fn=cmd_asyncapi)
     args = parser.parse_args(argv)
     return int(args.fn(args))
 

@@ -1,0 +1,611 @@
+"""Fabric apply to N lab nodes: Karios' rollout core beside `ansible-playbook`, same nodes, same run.
+
+    uv run python benchmarks/fabric_apply.py [--nodes 3,6,12] [--ansible-pipelining]
+
+Needs root (tests/lab/fabric_lab.py: nodes are network namespaces with a real sshd and a private
+/etc/frr, plus an FRR route reflector in the fabric namespace); otherwise it prints why and exits 0.
+For each N, one FabricLab with N nodes (node3 keeps a 1500 underlay MTU, as in the lab tests):
+
+(a) Karios: ``ApplyJob`` (driven as tests/integration/fabric_rollout/test_rollout_lab.py does, no
+    bus/DB) with fan-out N, timed from start until every node verified (EVPN session to the RR
+    Established and EVPN routes sent); then the no-op re-apply; then teardown to empty nodes.
+(b) Ansible: ``ansible-playbook`` (PyPI ansible-core in a cached venv at
+    ``${KARIOS_LAB_CACHE:-/var/cache/karios-lab}/ansible-venv``, never the project env) running
+    benchmarks/fabric_apply_playbook.yml with the default (linear) strategy and forks = N over
+    OpenSSH with the lab's key and known_hosts. It copies the FRR files Karios' own renderer
+    produced for each node (identical bytes), creates vtep0 (dummy, else the veth fallback),
+    vxlanN/brN with Karios' overlay MTU, starts FRR and polls ``show bgp l2vpn evpn summary json``
+    until the RR peer is Established with routes sent (``until`` loop, same 0.3 s interval as
+    Karios). Then its no-op re-run, a Karios apply on Ansible's result (must find every node
+    unchanged: proof that both reach the same state), and teardown.
+
+A thread polls the route reflector every 0.2 s during each apply: "Established at RR" is when it
+first saw every node Established (independent of either tool's own report). The lab is always
+torn down (context manager, also on Ctrl-C/SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from karios.fabric_worker.rollout import (
+    ApplyJob,
+    FabricIntent,
+    NodeTarget,
+    RolloutOptions,
+    allocate_vteps,
+    run_teardown_job,
+)
+from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_files
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAYBOOK = Path(__file__).with_name("fabric_apply_playbook.yml")
+sys.path.insert(0, str(ROOT / "tests" / "lab"))
+import fabric_lab  # noqa: E402
+
+ANSIBLE_CORE = "ansible-core==2.19.14"  # newest that runs on Debian 12's python3.11 controller
+VERIFY_TIMEOUT = 60.0
+VERIFY_INTERVAL = 0.3  # Karios' verify poll (as the lab tests) and Ansible's `until` delay
+OPTS = RolloutOptions(connect_timeout=5, verify_timeout=VERIFY_TIMEOUT, verify_interval=VERIFY_INTERVAL)
+ANSIBLE_TIMEOUT = 600.0
+LAB_PREFIX = "kbench"
+
+
+def make_intent() -> FabricIntent:
+    """The lab tests' intent: iBGP 65000 to the RR, BGP underlay, VNIs 100/200, VXLAN MTU 9000."""
+    return FabricIntent(
+        asn=65000,
+        peer_ip=fabric_lab.FABRIC_IP,
+        router_id_base="198.19.1.1",
+        router_id_prefix_len=24,
+        underlay_cidr="198.18.0.0/24",
+        vxlan_mtu=9000,
+        vnis=[100, 200],
+        frr_log_file="/run/frr/frr.log",
+    )
+
+
+# -- machine load ------------------------------------------------------------------------------
+
+
+def _cpu_times() -> tuple[int, int]:
+    with open("/proc/stat") as fh:
+        vals = [int(v) for v in fh.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    return sum(vals[:8]), idle
+
+
+class CpuMeter:
+    """Whole-machine CPU busy % between start and stop (every process, ours included)."""
+
+    def __init__(self) -> None:
+        self._t0 = _cpu_times()
+        self.busy = 0.0
+
+    def stop(self) -> float:
+        total, idle = _cpu_times()
+        dt = total - self._t0[0]
+        self.busy = 100.0 * (1 - (idle - self._t0[1]) / dt) if dt > 0 else 0.0
+        return self.busy
+
+
+def background_load(seconds: float = 2.0) -> float:
+    """CPU busy % over `seconds` while this benchmark does nothing: what else loads the machine."""
+    time.sleep(0.5)  # let what the lab setup / reset started settle
+    m = CpuMeter()
+    time.sleep(seconds)
+    return m.stop()
+
+
+def other_labs(lab) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    names = [line.split()[0] for line in out.splitlines() if line.strip()]
+    return sorted({re.sub(r"-node\d+$|-fabric$", "", n) for n in names if not n.startswith(lab.run_id)})
+
+
+# -- lab helpers (as in tests/integration/fabric_rollout/test_rollout_lab.py) -------------------
+
+
+def sh(lab, node, cmd: str) -> str:
+    return lab.node_exec(node, cmd).stdout.strip()
+
+
+def node_empty(lab, node) -> bool:
+    return (
+        sh(lab, node, "ls -A /etc/frr") == ""
+        and lab.node_exec(node, "ip link show vtep0").returncode != 0
+        and sh(lab, node, "ip -br link show type vxlan") == ""
+        and lab.node_exec(node, "kill -0 $(cat /run/frr/zebra.pid) 2>/dev/null").returncode != 0
+    )
+
+
+def reset_nodes(lab) -> None:
+    """Every node back to the lab's initial state (FRR stopped, /etc/frr empty, no vtep0/vxlan/br)."""
+    for n in lab.nodes:
+        lab.node_exec(
+            n,
+            "/usr/lib/frr/frrinit.sh stop >/dev/null 2>&1; rm -rf /etc/frr/* /etc/frr/.[!.]*; "
+            "for l in $(ip -br link | awk '{print $1}' | cut -d@ -f1 "
+            "| grep -E '^(vtep0|vtep0p|vxlan[0-9]+|br[0-9]+)$'); "
+            "do ip link del $l 2>/dev/null; done; true",
+        )
+    bad = [n.name for n in lab.nodes if not node_empty(lab, n)]
+    if bad:
+        raise RuntimeError(f"nodes not back to empty: {bad}")
+    wait_rr_quiet(lab)
+
+
+def wait_rr_quiet(lab, timeout: float = 20.0) -> None:
+    """Until the RR holds no session to a node (dynamic neighbours go away with the node's FRR)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError):
+            if not any(s == "Established" for s in lab.rr_evpn_peer_states().values()):
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"RR still has sessions after {timeout:.0f} s: {lab.rr_evpn_peer_states()}")
+        time.sleep(0.1)
+
+
+def node_snapshot(lab) -> dict[str, str]:
+    """What an apply leaves on each node (files' hash, vtep0, vxlan/bridge MTUs and local IPs)."""
+    cmd = (
+        "cd /etc/frr && sha256sum daemons frr.conf vtysh.conf | awk '{print $1}' | xargs; "
+        "ip -4 -o addr show dev vtep0 | awk '{print $4}'; "
+        "for v in vxlan100 vxlan200 br100 br200; do echo $v $(cat /sys/class/net/$v/mtu); done; "
+        "ip -d -o link show type vxlan | grep -o 'vxlan id [0-9]* local [0-9.]*' | sort | xargs"
+    )
+    return {n.name: sh(lab, n, cmd) for n in lab.nodes}
+
+
+class RrWatch:
+    """Polls the RR in a thread; `at` = seconds from `t0` until every node was Established."""
+
+    def __init__(self, lab, t0: float, interval: float = 0.2) -> None:
+        self.lab, self.t0, self.interval = lab, t0, interval
+        self.ips = {n.underlay_ip for n in lab.nodes}
+        self.at: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                states = self.lab.rr_evpn_peer_states()
+                if all(states.get(ip) == "Established" for ip in self.ips):
+                    self.at = time.monotonic() - self.t0
+                    return
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> RrWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+# -- Karios ------------------------------------------------------------------------------------
+
+
+def targets_of(lab) -> list[NodeTarget]:
+    key = Path(lab.client_key_path).read_text()
+    return [
+        NodeTarget(node_ip=n.underlay_ip, fqdn=n.name, private_key=key, known_host_key=n.host_public_key)
+        for n in lab.nodes
+    ]
+
+
+def karios_apply(intent: FabricIntent, targets: list[NodeTarget], vteps: dict[str, str]):
+    job = ApplyJob(intent, targets, vteps, concurrency=len(targets), options=OPTS)
+    return asyncio.run(job.run())
+
+
+# -- Ansible -----------------------------------------------------------------------------------
+
+
+def cache_dir() -> str:
+    return os.environ.get("KARIOS_LAB_CACHE") or "/var/cache/karios-lab"
+
+
+def ansible_venv() -> str:
+    """The cached ansible-core venv (built once with `python3 -m venv` + pip, outside the project)."""
+    venv = os.path.join(cache_dir(), "ansible-venv")
+    exe = os.path.join(venv, "bin", "ansible-playbook")
+    marker = os.path.join(venv, ".karios-complete")
+
+    def ready() -> bool:
+        with contextlib.suppress(OSError):
+            return Path(marker).read_text().strip() == ANSIBLE_CORE and os.access(exe, os.X_OK)
+        return False
+
+    if ready():
+        return venv
+    os.makedirs(cache_dir(), exist_ok=True)
+    with open(os.path.join(cache_dir(), "ansible-venv.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if ready():
+            return venv
+        print(f"building {venv} ({ANSIBLE_CORE}) ...", flush=True)
+        shutil.rmtree(venv, ignore_errors=True)
+        # The system interpreter, not the project venv's (uv run puts that first on PATH).
+        python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys._base_executable
+        try:
+            subprocess.run([python, "-m", "venv", venv], check=True, capture_output=True)
+            res = subprocess.run(
+                [
+                    os.path.join(venv, "bin", "pip"),
+                    "install",
+                    "-q",
+                    "--disable-pip-version-check",
+                    ANSIBLE_CORE,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            if res.returncode != 0:
+                raise RuntimeError(f"pip install {ANSIBLE_CORE} failed:\n{res.stdout}\n{res.stderr}")
+            Path(marker).write_text(ANSIBLE_CORE + "\n")
+        except BaseException:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise
+    return venv
+
+
+@dataclass
+class AnsibleRun:
+    seconds: float
+    rc: int
+    recap: dict[str, dict[str, int]] = field(default_factory=dict)
+    log: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.rc == 0
+            and bool(self.recap)
+            and all(r.get("failed", 1) == 0 and r.get("unreachable", 1) == 0 for r in self.recap.values())
+        )
+
+    @property
+    def changed(self) -> int:
+        return sum(r.get("changed", 0) for r in self.recap.values())
+
+
+class AnsibleProject:
+    """A temp dir with ansible.cfg, inventory, extra vars, the playbook and Karios-rendered files."""
+
+    def __init__(self, venv: str, lab, intent: FabricIntent, vteps: dict[str, str], *, pipelining: bool):
+        self.venv, self.lab = venv, lab
+        self.dir = tempfile.mkdtemp(prefix="karios-bench-ansible-")
+        self.cp_dir = os.path.join(self.dir, "cp")
+        os.makedirs(self.cp_dir)
+        os.makedirs(os.path.join(self.dir, "local-tmp"))
+        files_dir = os.path.join(self.dir, "files")
+        inventory = ["[nodes]"]
+        for n in lab.nodes:
+            vtep = vteps[n.underlay_ip]
+            inventory.append(f"{n.name} ansible_host={n.ssh_host} ansible_port={n.ssh_port} vtep_ip={vtep}")
+            # The same renderer Karios' apply uses, with what its discovery finds on a lab node.
+            rendered = render_node_files(
+                intent, NodeRenderInput(hostname=n.name, vtep_ip=vtep, underlay_iface="br-underlay")
+            )
+            ndir = os.path.join(files_dir, n.name)
+            os.makedirs(ndir)
+            for name, content in rendered.as_dict().items():
+                Path(ndir, name).write_text(content)
+        ssh_common = (
+            f"-F /dev/null -o UserKnownHostsFile={lab.known_hosts_path} -o StrictHostKeyChecking=yes "
+            "-o IdentitiesOnly=yes"
+        )
+        inventory += [
+            "",
+            "[nodes:vars]",
+            "ansible_user=root",
+            f"ansible_ssh_private_key_file={lab.client_key_path}",
+            f"ansible_ssh_common_args='{ssh_common}'",
+            "ansible_python_interpreter=/usr/bin/python3",
+        ]
+        Path(self.dir, "inventory.ini").write_text("\n".join(inventory) + "\n")
+        extra = {
+            "files_dir": files_dir,
+            "peer_ip": intent.peer_ip,
+            "underlay_cidr": intent.underlay_cidr,
+            "vxlan_mtu": intent.vxlan_mtu,
+            "vnis": list(intent.vnis),
+            "verify_delay": VERIFY_INTERVAL,
+            "verify_retries": math.ceil(VERIFY_TIMEOUT / VERIFY_INTERVAL),
+        }
+        Path(self.dir, "vars.json").write_text(json.dumps(extra, indent=1))
+        shutil.copy(PLAYBOOK, os.path.join(self.dir, "playbook.yml"))
+        # Defaults everywhere (linear strategy, ssh ControlPersist 60 s, sftp transfers, no
+        # pipelining unless asked) except forks = N and the explicit remote interpreter.
+        Path(self.dir, "ansible.cfg").write_text(
+            "[defaults]\n"
+            f"inventory = {self.dir}/inventory.ini\n"
+            f"forks = {len(lab.nodes)}\n"
+            "strategy = linear\n"
+            "host_key_checking = True\n"
+            "retry_files_enabled = False\n"
+            "timeout = 10\n"
+            f"local_tmp = {self.dir}/local-tmp\n"
+            "[ssh_connection]\n"
+            f"control_path_dir = {self.cp_dir}\n"
+            f"pipelining = {pipelining}\n"
+        )
+
+    def env(self) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "UV_RUN_RECURSION_DEPTH")
+        }
+        env["PATH"] = os.path.join(self.venv, "bin") + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        env["ANSIBLE_CONFIG"] = os.path.join(self.dir, "ansible.cfg")
+        env["ANSIBLE_NOCOLOR"] = "1"
+        env["ANSIBLE_HOME"] = os.path.join(self.dir, "ansible-home")
+        return env
+
+    def run(self, label: str) -> AnsibleRun:
+        log_path = os.path.join(self.dir, f"{label}.log")
+        argv = [
+            os.path.join(self.venv, "bin", "ansible-playbook"),
+            os.path.join(self.dir, "playbook.yml"),
+            "-e",
+            "@" + os.path.join(self.dir, "vars.json"),
+        ]
+        t0 = time.monotonic()
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                argv,
+                cwd=self.dir,
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                rc = proc.wait(timeout=ANSIBLE_TIMEOUT)
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
+        seconds = time.monotonic() - t0
+        text = Path(log_path).read_text()
+        recap = {}
+        for m in re.finditer(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", text, re.M):
+            recap[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
+        return AnsibleRun(seconds=seconds, rc=rc, recap=recap, log=text)
+
+    def close(self) -> None:
+        """Stop the ssh ControlPersist masters (they live in the root namespace) and remove the dir."""
+        for sock in Path(self.cp_dir).iterdir() if os.path.isdir(self.cp_dir) else ():
+            subprocess.run(
+                ["ssh", "-F", "/dev/null", "-o", f"ControlPath={sock}", "-O", "exit", "ignored"],
+                capture_output=True,
+                timeout=10,
+            )
+        if os.environ.get("KARIOS_BENCH_KEEP"):
+            print(f"  kept {self.dir} (KARIOS_BENCH_KEEP)", flush=True)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- one N -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    n: int
+    karios_s: float = 0.0
+    karios_est_s: float | None = None
+    karios_noop_s: float = 0.0
+    karios_cpu: float = 0.0
+    ansible_s: float = 0.0
+    ansible_est_s: float | None = None
+    ansible_noop_s: float = 0.0
+    ansible_noop_changed: int = -1
+    ansible_cpu: float = 0.0
+    equivalent: bool = False
+    background_cpu: float = 0.0
+    loadavg: float = 0.0
+    others: list[str] = field(default_factory=list)
+    lab_start_s: float = 0.0
+
+
+def host_lock_busy() -> bool:
+    path = os.path.join(fabric_lab.LOCK_DIR, "host-link.lock")
+    if not os.path.exists(path):
+        return False
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def bench_one(n_nodes: int, intent: FabricIntent, venv: str, *, pipelining: bool) -> Row:
+    row = Row(n=n_nodes)
+    if host_lock_busy():
+        print(
+            "  another lab holds the host-link lock (CI run?): waiting for it (up to 15 min) ...", flush=True
+        )
+    t0 = time.monotonic()
+    with fabric_lab.FabricLab(
+        n_nodes=n_nodes, prefix=LAB_PREFIX, mtu_overrides={"node3": 1500}, host_link_lock_timeout=900
+    ) as lab:
+        row.lab_start_s = time.monotonic() - t0
+        reset_nodes(lab)
+        row.others = other_labs(lab)
+        row.loadavg = os.getloadavg()[0]
+        row.background_cpu = background_load()
+        targets = targets_of(lab)
+        vteps = allocate_vteps(intent, [t.node_ip for t in targets])
+
+        # (a) Karios
+        cpu = CpuMeter()
+        t0 = time.monotonic()
+        with RrWatch(lab, t0) as watch:
+            summary = karios_apply(intent, targets, vteps)
+            row.karios_s = time.monotonic() - t0
+        row.karios_cpu = cpu.stop()
+        if summary.job_status != "completed":
+            raise RuntimeError(f"Karios apply did not complete: {summary.model_dump_json(indent=1)}")
+        row.karios_est_s = watch.at
+        states = lab.rr_evpn_peer_states()
+        if any(states.get(n.underlay_ip) != "Established" for n in lab.nodes):
+            raise RuntimeError(f"RR does not see every node Established after the Karios apply: {states}")
+        reference = node_snapshot(lab)
+        t0 = time.monotonic()
+        again = karios_apply(intent, targets, vteps)
+        row.karios_noop_s = time.monotonic() - t0
+        if again.job_status != "completed" or any(n.changed for n in again.nodes):
+            raise RuntimeError(f"Karios re-apply was not a no-op: {again.model_dump_json(indent=1)}")
+        teardown = asyncio.run(run_teardown_job(intent, targets, concurrency=n_nodes, options=OPTS))
+        if teardown.job_status != "completed":
+            raise RuntimeError(f"Karios teardown failed: {teardown.model_dump_json(indent=1)}")
+        reset_nodes(lab)
+        print(
+            f"  karios: apply {row.karios_s:.2f} s (RR Established {fmt(row.karios_est_s)} s), "
+            f"no-op {row.karios_noop_s:.2f} s",
+            flush=True,
+        )
+
+        # (b) Ansible
+        project = AnsibleProject(venv, lab, intent, vteps, pipelining=pipelining)
+        try:
+            cpu = CpuMeter()
+            t0 = time.monotonic()
+            with RrWatch(lab, t0) as watch:
+                first = project.run("apply")
+            row.ansible_cpu = cpu.stop()
+            if not first.ok:
+                raise RuntimeError(f"ansible-playbook failed (rc {first.rc}):\n{first.log[-6000:]}")
+            row.ansible_s, row.ansible_est_s = first.seconds, watch.at
+            states = lab.rr_evpn_peer_states()
+            if any(states.get(n.underlay_ip) != "Established" for n in lab.nodes):
+                raise RuntimeError(f"RR does not see every node Established after Ansible: {states}")
+            noop = project.run("reapply")
+            if not noop.ok:
+                raise RuntimeError(f"ansible-playbook re-run failed (rc {noop.rc}):\n{noop.log[-6000:]}")
+            row.ansible_noop_s, row.ansible_noop_changed = noop.seconds, noop.changed
+            got = node_snapshot(lab)
+            check = karios_apply(intent, targets, vteps)  # Karios must find nothing to change
+            row.equivalent = (
+                got == reference
+                and check.job_status == "completed"
+                and not any(n.changed for n in check.nodes)
+            )
+            if not row.equivalent:
+                diff = {
+                    k: (reference.get(k), got.get(k)) for k in reference if reference.get(k) != got.get(k)
+                }
+                print(f"  WARNING: Ansible's end state differs from Karios': {diff}", flush=True)
+        finally:
+            project.close()
+        reset_nodes(lab)
+        print(
+            f"  ansible: apply {row.ansible_s:.2f} s (RR Established {fmt(row.ansible_est_s)} s), "
+            f"no-op {row.ansible_noop_s:.2f} s (changed={row.ansible_noop_changed})",
+            flush=True,
+        )
+    return row
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def fmt(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}"
+
+
+def report(rows: list[Row], *, pipelining: bool, ansible_startup: float) -> None:
+    print()
+    print("| N nodes | Karios apply (s) | Ansible (s) | Ansible / Karios |")
+    print("| ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r.n} | {r.karios_s:.2f} | {r.ansible_s:.2f} | {r.ansible_s / r.karios_s:.1f}x |")
+    print()
+    print(
+        "| N nodes | Karios no-op re-apply (s) | Ansible no-op re-run (s) | all Established at RR: "
+        "Karios / Ansible (s) | same end state | CPU busy during apply: Karios / Ansible | "
+        "background CPU, loadavg 1m |"
+    )
+    print("| ---: | ---: | ---: | ---: | :---: | ---: | ---: |")
+    for r in rows:
+        print(
+            f"| {r.n} | {r.karios_noop_s:.2f} | {r.ansible_noop_s:.2f} | "
+            f"{fmt(r.karios_est_s)} / {fmt(r.ansible_est_s)} | {'yes' if r.equivalent else 'NO'} | "
+            f"{r.karios_cpu:.0f}% / {r.ansible_cpu:.0f}% | {r.background_cpu:.0f}%, {r.loadavg:.2f} |"
+        )
+    three = next((r for r in rows if r.n == 3), None)
+    if three is not None:
+        print(
+            f"\n3-node Karios apply: every node Established at the RR after {fmt(three.karios_est_s)} s; "
+            f"apply done (Established + EVPN routes sent, verified by Karios) after {three.karios_s:.2f} s."
+        )
+    others = sorted({o for r in rows for o in r.others})
+    print(
+        f"\nKarios: ApplyJob fan-out N, asyncssh, verify poll {VERIFY_INTERVAL} s. "
+        f"Ansible: {ANSIBLE_CORE}, strategy linear (default), forks = N, gather_facts off, "
+        f"pipelining {'on' if pipelining else 'off (default)'}, ControlPersist 60 s (default); "
+        f"`ansible-playbook` start-up ≈ {ansible_startup:.2f} s is included in its times."
+    )
+    print(f"Machine: {os.cpu_count()} CPUs; other labs during the run: {', '.join(others) or 'none'}.")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", default="3,6,12", help="comma-separated node counts (1..240), default 3,6,12")
+    ap.add_argument("--ansible-pipelining", action="store_true", help="ansible ssh pipelining on")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.nodes.split(",") if x.strip()]
+    if not sizes or any(not 1 <= n <= fabric_lab.MAX_NODES for n in sizes):
+        ap.error(f"--nodes: counts within 1..{fabric_lab.MAX_NODES}")
+    reason = fabric_lab.skip_reason()
+    if reason:
+        print(f"SKIPPED: {reason}. Run as root: sudo -E uv run python benchmarks/fabric_apply.py")
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the labs' __exit__ cleans up
+    fabric_lab.ensure_packages()
+    venv = ansible_venv()
+    intent = make_intent()
+    rows: list[Row] = []
+    ansible_startup = 0.0
+    for n in sizes:
+        print(f"N = {n}: lab up ...", flush=True)
+        rows.append(bench_one(n, intent, venv, pipelining=args.ansible_pipelining))
+        print(f"  (lab start {rows[-1].lab_start_s:.1f} s)", flush=True)
+    with contextlib.suppress(Exception):
+        t0 = time.monotonic()
+        subprocess.run([os.path.join(venv, "bin", "ansible-playbook"), "--version"], capture_output=True)
+        ansible_startup = time.monotonic() - t0
+    report(rows, pipelining=args.ansible_pipelining, ansible_startup=ansible_startup)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
