@@ -91,26 +91,88 @@ def _cpu_times() -> tuple[int, int]:
     return sum(vals[:8]), idle
 
 
-class CpuMeter:
-    """Whole-machine CPU busy % between start and stop (every process, ours included)."""
+class LoadSampler:
+    """CPU over a window: whole machine busy % (/proc/stat), and the share of it used by other
+    processes: not this benchmark or its children, not inside a lab namespace, not one of its ssh
+    masters, not a kernel thread. Per-process CPU is sampled every `interval` s (processes born and
+    gone between two samples are missed, ours and others' alike)."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval = interval
+        self.busy = self.others = 0.0
+        self._me = os.getpid()
+        self._root_net = os.readlink("/proc/self/ns/net")
+        self._class: dict[int, str] = {}
+        self._other_ticks = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _procs() -> dict[int, tuple[int, int]]:
+        out = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    with open(f"/proc/{d}/stat") as fh:
+                        stat = fh.read()
+                    rest = stat[stat.rindex(")") + 2 :].split()
+                    out[int(d)] = (int(rest[1]), int(rest[11]) + int(rest[12]))  # ppid, utime+stime
+        return out
+
+    def _kind(self, pid: int, procs: dict[int, tuple[int, int]]) -> str:
+        if pid in self._class:
+            return self._class[pid]
+        kind = "other"
+        p, hops = pid, 0
+        while p > 1 and hops < 64:
+            if p == self._me:
+                kind = "ours"
+                break
+            if p == 2:
+                kind = "kernel"
+                break
+            p, hops = procs.get(p, (0, 0))[0], hops + 1
+        if kind == "other":
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/ns/net") != self._root_net:
+                    kind = "ours"  # lab nodes / RR (no other netns exists unless another lab runs)
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"karios-bench-ansible-" in fh.read():
+                    kind = "ours"  # ssh ControlPersist masters (re-parented)
+        self._class[pid] = kind
+        return kind
+
+    def _run(self) -> None:
+        prev = self._procs()
+        while not self._stop.wait(self.interval):
+            cur = self._procs()
+            for pid, (_, ticks) in cur.items():
+                if pid in prev and self._kind(pid, cur) == "other":
+                    self._other_ticks += max(0, ticks - prev[pid][1])
+            prev = cur
+
+    def __enter__(self) -> LoadSampler:
         self._t0 = _cpu_times()
-        self.busy = 0.0
+        self._thread.start()
+        return self
 
-    def stop(self) -> float:
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
         total, idle = _cpu_times()
         dt = total - self._t0[0]
-        self.busy = 100.0 * (1 - (idle - self._t0[1]) / dt) if dt > 0 else 0.0
-        return self.busy
+        if dt > 0:
+            self.busy = 100.0 * (1 - (idle - self._t0[1]) / dt)
+            self.others = 100.0 * self._other_ticks / dt
 
 
 def background_load(seconds: float = 2.0) -> float:
     """CPU busy % over `seconds` while this benchmark does nothing: what else loads the machine."""
     time.sleep(0.5)  # let what the lab setup / reset started settle
-    m = CpuMeter()
+    t0 = _cpu_times()
     time.sleep(seconds)
-    return m.stop()
+    total, idle = _cpu_times()
+    return 100.0 * (1 - (idle - t0[1]) / (total - t0[0])) if total > t0[0] else 0.0
 
 
 def other_labs(lab) -> list[str]:
@@ -420,16 +482,51 @@ class Row:
     karios_est_s: float | None = None
     karios_noop_s: float = 0.0
     karios_cpu: float = 0.0
+    karios_others: float = 0.0
     ansible_s: float = 0.0
     ansible_est_s: float | None = None
-    ansible_noop_s: float = 0.0
+    ansible_noop_s: float | None = None
     ansible_noop_changed: int = -1
     ansible_cpu: float = 0.0
+    ansible_others: float = 0.0
     equivalent: bool = False
     background_cpu: float = 0.0
     loadavg: float = 0.0
     others: list[str] = field(default_factory=list)
     lab_start_s: float = 0.0
+
+
+def _route_dev(ip: str) -> str:
+    out = subprocess.run(["ip", "-o", "route", "get", ip], capture_output=True, text=True).stdout
+    m = re.search(r"\bdev (\S+)", out)
+    return m.group(1) if m else ""
+
+
+def wait_host_route(lab, timeout: float = 240.0) -> None:
+    """Until the root namespace reaches the nodes through this lab's host link.
+
+    A lab's namespace can outlive `ip netns del` for a minute or two while the kernel still holds
+    orphaned TCP sockets of processes killed mid-session; its host veth (and 198.18.0.0/24 route)
+    stays in the root namespace meanwhile and wins over the new lab's route.
+    """
+    deadline, said = time.monotonic() + timeout, False
+    while (dev := _route_dev(lab.nodes[0].underlay_ip)) != lab.host_ifname:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"198.18.0.0/24 still routed via {dev!r}, not {lab.host_ifname}")
+        if not said:
+            print(f"  waiting for a stale host link ({dev}) of a finished lab to go away ...", flush=True)
+            said = True
+        time.sleep(1)
+
+
+def wait_host_link_gone(lab, timeout: float = 180.0) -> None:
+    """Leave the machine clean for the next lab (CI): our root-namespace veth must be gone."""
+    deadline, said = time.monotonic() + timeout, False
+    while os.path.exists(f"/sys/class/net/{lab.host_ifname}") and time.monotonic() < deadline:
+        if not said and time.monotonic() > deadline - timeout + 2:
+            print(f"  waiting for the kernel to release {lab.host_ifname} ...", flush=True)
+            said = True
+        time.sleep(0.5)
 
 
 def host_lock_busy() -> bool:
@@ -447,92 +544,100 @@ def host_lock_busy() -> bool:
         os.close(fd)
 
 
-def bench_one(n_nodes: int, intent: FabricIntent, venv: str, *, pipelining: bool) -> Row:
+def bench_one(n_nodes: int, intent: FabricIntent, venv: str, *, pipelining: bool, rerun: bool) -> Row:
     row = Row(n=n_nodes)
     if host_lock_busy():
         print(
             "  another lab holds the host-link lock (CI run?): waiting for it (up to 15 min) ...", flush=True
         )
     t0 = time.monotonic()
-    with fabric_lab.FabricLab(
+    lab = fabric_lab.FabricLab(
         n_nodes=n_nodes, prefix=LAB_PREFIX, mtu_overrides={"node3": 1500}, host_link_lock_timeout=900
-    ) as lab:
+    )
+    with lab:
         row.lab_start_s = time.monotonic() - t0
-        reset_nodes(lab)
-        row.others = other_labs(lab)
-        row.loadavg = os.getloadavg()[0]
-        row.background_cpu = background_load()
-        targets = targets_of(lab)
-        vteps = allocate_vteps(intent, [t.node_ip for t in targets])
+        try:
+            wait_host_route(lab)
+            measure(lab, row, intent, venv, pipelining=pipelining, rerun=rerun)
+        finally:
+            # Sessions closed gracefully before the namespaces go (see wait_host_link_gone).
+            with contextlib.suppress(Exception):
+                reset_nodes(lab)
+    wait_host_link_gone(lab)
+    return row
 
-        # (a) Karios
-        cpu = CpuMeter()
+
+def measure(lab, row: Row, intent: FabricIntent, venv: str, *, pipelining: bool, rerun: bool) -> None:
+    n_nodes = len(lab.nodes)
+    reset_nodes(lab)
+    row.others = other_labs(lab)
+    row.loadavg = os.getloadavg()[0]
+    row.background_cpu = background_load()
+    targets = targets_of(lab)
+    vteps = allocate_vteps(intent, [t.node_ip for t in targets])
+
+    # (a) Karios
+    t0 = time.monotonic()
+    with LoadSampler() as load, RrWatch(lab, t0) as watch:
+        summary = karios_apply(intent, targets, vteps)
+        row.karios_s = time.monotonic() - t0
+    row.karios_cpu, row.karios_others = load.busy, load.others
+    if summary.job_status != "completed":
+        raise RuntimeError(f"Karios apply did not complete: {summary.model_dump_json(indent=1)}")
+    row.karios_est_s = watch.at
+    states = lab.rr_evpn_peer_states()
+    if any(states.get(n.underlay_ip) != "Established" for n in lab.nodes):
+        raise RuntimeError(f"RR does not see every node Established after the Karios apply: {states}")
+    reference = node_snapshot(lab)
+    t0 = time.monotonic()
+    again = karios_apply(intent, targets, vteps)
+    row.karios_noop_s = time.monotonic() - t0
+    if again.job_status != "completed" or any(n.changed for n in again.nodes):
+        raise RuntimeError(f"Karios re-apply was not a no-op: {again.model_dump_json(indent=1)}")
+    teardown = asyncio.run(run_teardown_job(intent, targets, concurrency=n_nodes, options=OPTS))
+    if teardown.job_status != "completed":
+        raise RuntimeError(f"Karios teardown failed: {teardown.model_dump_json(indent=1)}")
+    reset_nodes(lab)
+    print(
+        f"  karios: apply {row.karios_s:.2f} s (RR Established {fmt(row.karios_est_s)} s), "
+        f"no-op {row.karios_noop_s:.2f} s",
+        flush=True,
+    )
+
+    # (b) Ansible
+    project = AnsibleProject(venv, lab, intent, vteps, pipelining=pipelining)
+    try:
         t0 = time.monotonic()
-        with RrWatch(lab, t0) as watch:
-            summary = karios_apply(intent, targets, vteps)
-            row.karios_s = time.monotonic() - t0
-        row.karios_cpu = cpu.stop()
-        if summary.job_status != "completed":
-            raise RuntimeError(f"Karios apply did not complete: {summary.model_dump_json(indent=1)}")
-        row.karios_est_s = watch.at
+        with LoadSampler() as load, RrWatch(lab, t0) as watch:
+            first = project.run("apply")
+        row.ansible_cpu, row.ansible_others = load.busy, load.others
+        if not first.ok:
+            raise RuntimeError(f"ansible-playbook failed (rc {first.rc}):\n{first.log[-6000:]}")
+        row.ansible_s, row.ansible_est_s = first.seconds, watch.at
         states = lab.rr_evpn_peer_states()
         if any(states.get(n.underlay_ip) != "Established" for n in lab.nodes):
-            raise RuntimeError(f"RR does not see every node Established after the Karios apply: {states}")
-        reference = node_snapshot(lab)
-        t0 = time.monotonic()
-        again = karios_apply(intent, targets, vteps)
-        row.karios_noop_s = time.monotonic() - t0
-        if again.job_status != "completed" or any(n.changed for n in again.nodes):
-            raise RuntimeError(f"Karios re-apply was not a no-op: {again.model_dump_json(indent=1)}")
-        teardown = asyncio.run(run_teardown_job(intent, targets, concurrency=n_nodes, options=OPTS))
-        if teardown.job_status != "completed":
-            raise RuntimeError(f"Karios teardown failed: {teardown.model_dump_json(indent=1)}")
-        reset_nodes(lab)
-        print(
-            f"  karios: apply {row.karios_s:.2f} s (RR Established {fmt(row.karios_est_s)} s), "
-            f"no-op {row.karios_noop_s:.2f} s",
-            flush=True,
-        )
-
-        # (b) Ansible
-        project = AnsibleProject(venv, lab, intent, vteps, pipelining=pipelining)
-        try:
-            cpu = CpuMeter()
-            t0 = time.monotonic()
-            with RrWatch(lab, t0) as watch:
-                first = project.run("apply")
-            row.ansible_cpu = cpu.stop()
-            if not first.ok:
-                raise RuntimeError(f"ansible-playbook failed (rc {first.rc}):\n{first.log[-6000:]}")
-            row.ansible_s, row.ansible_est_s = first.seconds, watch.at
-            states = lab.rr_evpn_peer_states()
-            if any(states.get(n.underlay_ip) != "Established" for n in lab.nodes):
-                raise RuntimeError(f"RR does not see every node Established after Ansible: {states}")
+            raise RuntimeError(f"RR does not see every node Established after Ansible: {states}")
+        if rerun:
             noop = project.run("reapply")
             if not noop.ok:
                 raise RuntimeError(f"ansible-playbook re-run failed (rc {noop.rc}):\n{noop.log[-6000:]}")
             row.ansible_noop_s, row.ansible_noop_changed = noop.seconds, noop.changed
-            got = node_snapshot(lab)
-            check = karios_apply(intent, targets, vteps)  # Karios must find nothing to change
-            row.equivalent = (
-                got == reference
-                and check.job_status == "completed"
-                and not any(n.changed for n in check.nodes)
-            )
-            if not row.equivalent:
-                diff = {
-                    k: (reference.get(k), got.get(k)) for k in reference if reference.get(k) != got.get(k)
-                }
-                print(f"  WARNING: Ansible's end state differs from Karios': {diff}", flush=True)
-        finally:
-            project.close()
-        reset_nodes(lab)
-        print(
-            f"  ansible: apply {row.ansible_s:.2f} s (RR Established {fmt(row.ansible_est_s)} s), "
-            f"no-op {row.ansible_noop_s:.2f} s (changed={row.ansible_noop_changed})",
-            flush=True,
+        got = node_snapshot(lab)
+        check = karios_apply(intent, targets, vteps)  # Karios must find nothing to change
+        row.equivalent = (
+            got == reference and check.job_status == "completed" and not any(n.changed for n in check.nodes)
         )
-    return row
+        if not row.equivalent:
+            diff = {k: (reference.get(k), got.get(k)) for k in reference if reference.get(k) != got.get(k)}
+            print(f"  WARNING: Ansible's end state differs from Karios': {diff}", flush=True)
+    finally:
+        project.close()
+    reset_nodes(lab)
+    noop = f", no-op {fmt(row.ansible_noop_s)} s (changed={row.ansible_noop_changed})" if rerun else ""
+    print(
+        f"  ansible: apply {row.ansible_s:.2f} s (RR Established {fmt(row.ansible_est_s)} s){noop}",
+        flush=True,
+    )
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -549,17 +654,22 @@ def report(rows: list[Row], *, pipelining: bool, ansible_startup: float) -> None
     for r in rows:
         print(f"| {r.n} | {r.karios_s:.2f} | {r.ansible_s:.2f} | {r.ansible_s / r.karios_s:.1f}x |")
     print()
+    rerun = any(r.ansible_noop_s is not None for r in rows)
     print(
-        "| N nodes | Karios no-op re-apply (s) | Ansible no-op re-run (s) | all Established at RR: "
-        "Karios / Ansible (s) | same end state | CPU busy during apply: Karios / Ansible | "
-        "background CPU, loadavg 1m |"
+        "| N nodes | Karios no-op re-apply (s) | "
+        + ("Ansible no-op re-run (s) | " if rerun else "")
+        + "all Established at RR: Karios / Ansible (s) | Ansible end state = Karios' | "
+        "CPU busy during apply: Karios / Ansible (other processes' share) | idle CPU before, loadavg 1m |"
     )
-    print("| ---: | ---: | ---: | ---: | :---: | ---: | ---: |")
+    print("| ---: | ---: | " + ("---: | " if rerun else "") + "---: | :---: | ---: | ---: |")
     for r in rows:
         print(
-            f"| {r.n} | {r.karios_noop_s:.2f} | {r.ansible_noop_s:.2f} | "
-            f"{fmt(r.karios_est_s)} / {fmt(r.ansible_est_s)} | {'yes' if r.equivalent else 'NO'} | "
-            f"{r.karios_cpu:.0f}% / {r.ansible_cpu:.0f}% | {r.background_cpu:.0f}%, {r.loadavg:.2f} |"
+            f"| {r.n} | {r.karios_noop_s:.2f} | "
+            + (f"{fmt(r.ansible_noop_s)} | " if rerun else "")
+            + f"{fmt(r.karios_est_s)} / {fmt(r.ansible_est_s)} | {'yes' if r.equivalent else 'NO'} | "
+            f"{r.karios_cpu:.0f}% ({r.karios_others:.0f}%) / "
+            f"{r.ansible_cpu:.0f}% ({r.ansible_others:.0f}%) | "
+            f"{r.background_cpu:.0f}% busy, {r.loadavg:.2f} |"
         )
     three = next((r for r in rows if r.n == 3), None)
     if three is not None:
@@ -581,6 +691,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", default="3,6,12", help="comma-separated node counts (1..240), default 3,6,12")
     ap.add_argument("--ansible-pipelining", action="store_true", help="ansible ssh pipelining on")
+    ap.add_argument(
+        "--ansible-rerun", action="store_true", help="also time Ansible's no-op re-run (adds ~7 s per node)"
+    )
     args = ap.parse_args()
     sizes = [int(x) for x in args.nodes.split(",") if x.strip()]
     if not sizes or any(not 1 <= n <= fabric_lab.MAX_NODES for n in sizes):
@@ -597,7 +710,7 @@ def main() -> int:
     ansible_startup = 0.0
     for n in sizes:
         print(f"N = {n}: lab up ...", flush=True)
-        rows.append(bench_one(n, intent, venv, pipelining=args.ansible_pipelining))
+        rows.append(bench_one(n, intent, venv, pipelining=args.ansible_pipelining, rerun=args.ansible_rerun))
         print(f"  (lab start {rows[-1].lab_start_s:.1f} s)", flush=True)
     with contextlib.suppress(Exception):
         t0 = time.monotonic()

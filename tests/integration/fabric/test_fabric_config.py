@@ -28,7 +28,7 @@ async def test_first_post_creates_then_get_returns_every_field_with_derived_ones
     assert body["router_id_base"] == "10.255.0.1" and body["router_id_prefix_len"] == 24
     assert body["router_id_cidr"] == "10.255.0.1/24"
     assert body["bgp_mode"] == "ibgp"
-    assert body["rollout_status"] == "ready"  # empty reads as ready
+    assert body["rollout_status"] == "pending"  # nothing rolled out yet
     assert body["physnet"] is None and body["last_job"] is None
     assert body["bgp_password_is_set"] is False and body["ospf_auth_key_is_set"] is False
     assert body["frr_hmac_sha_capable"] is None
@@ -152,6 +152,28 @@ async def test_mtu_drift_against_preflight_consensus_is_rejected(fabric, setting
     )
     assert r.status_code == 200, r.text
     assert r.json()["frr_hmac_sha_capable"] is True
+
+
+async def test_rollout_status_pending_until_rolled_out_and_legacy_empty_reads_ready(fabric, settings):
+    assert (await fabric.post(BASE)).json()["rollout_status"] == "pending"
+    eng = create_async_engine(settings.database_url)
+    async with eng.begin() as conn:  # a row predating the column, then one an apply made ready
+        await conn.execute(sa.text("UPDATE fabric.fabric_config SET rollout_status = ''"))
+    assert (await fabric.get()).json()["rollout_status"] == "ready"
+    async with eng.begin() as conn:
+        await conn.execute(sa.text("UPDATE fabric.fabric_config SET rollout_status = 'ready'"))
+    # Re-posting the same values changes nothing on the nodes: still ready.
+    assert (await fabric.post({"expected_nodes": BASE["expected_nodes"]})).json()["rollout_status"] == "ready"
+    # A change the nodes do not run yet: pending again (a secret counts too).
+    assert (await fabric.post({"bfd_enabled": False})).json()["rollout_status"] == "pending"
+    async with eng.begin() as conn:
+        await conn.execute(sa.text("UPDATE fabric.fabric_config SET rollout_status = 'ready'"))
+    assert (await fabric.post({"bgp_password": "n3w-secret"})).json()["rollout_status"] == "pending"
+    # failed/degraded stay (last_job keeps explaining them) until the next apply.
+    async with eng.begin() as conn:
+        await conn.execute(sa.text("UPDATE fabric.fabric_config SET rollout_status = 'failed'"))
+    assert (await fabric.post({"bfd_enabled": True})).json()["rollout_status"] == "failed"
+    await eng.dispose()
 
 
 async def test_delete_is_hard_and_needs_fabric_admin(fabric, settings):

@@ -3,7 +3,8 @@ and gateway, and the lab's 3 namespace nodes (sshd + FRR) with a route reflector
 
 preflight → apply (202) → SSE fabric_switch per node → latest completed → config ready →
 node post-deploy all passed → re-apply is a no-op → batch post-deploy → cancel 404 for a wrong
-id → DELETE node → DELETE fabric-config tears the rest down. Checks on the nodes themselves
+id → DELETE node → DELETE fabric-config tears the rest down (a durable command). A worker SIGKILLed mid-apply:
+a peer rolls the touched nodes back from the persisted baselines. Checks on the nodes themselves
 (`vtysh`, `ip link`), not only Karios' report.
 
 Needs root (namespaces): skipped with the reason otherwise, failed under CI=true.
@@ -15,20 +16,25 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from karios.api_gateway.app import create_app as gateway_app
 from karios.api_gateway.auth import Role, create_token
 from karios.api_gateway.readmodel import JobRow
+from karios.common.contracts.fabric import FabricApplyCheck
 from karios.fabric_worker.app import create_app as worker_app
 from karios.fabric_worker.rollout_service import RolloutSettings
 from karios.inventory.app import create_app as inventory_app
-from tests.conftest import ADMIN
+from tests.conftest import ADMIN, free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
 import fabric_lab
@@ -74,11 +80,35 @@ async def api(settings, serve, lab):
         preflight_timeout=15,
     )
     await serve(worker_app(settings, rollout_settings=rollout))
+    await forget_jobs(settings)
     gw = await serve(gateway_app(settings))
     await create_token(gw.app.state.runtime.db, "viewer-rollout", Role.viewer, "kt_test-rollout-viewer")
     async with httpx.AsyncClient(base_url=gw.url, timeout=120, headers=ADMIN) as c:
         c.gateway = gw  # type: ignore[attr-defined]
         yield c
+
+
+async def forget_jobs(settings) -> None:
+    """The session's database is shared: earlier tests may have left jobs (e.g. a teardown
+    queued by DELETE while no inventory ran, recovered by this worker's reaper). Let them
+    end, then start from an empty job history."""
+    eng = create_async_engine(settings.database_url)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            async with eng.begin() as conn:
+                n = (
+                    await conn.execute(
+                        sa.text("SELECT count(*) FROM fabric.fabric_jobs WHERE job_status = 'running'")
+                    )
+                ).scalar_one()
+                if n == 0:
+                    await conn.execute(sa.text("DELETE FROM fabric.fabric_jobs"))
+                    return
+            assert time.monotonic() < deadline, "a fabric job left by an earlier test does not end"
+            await asyncio.sleep(0.2)
+    finally:
+        await eng.dispose()
 
 
 class SseLog:
@@ -293,3 +323,120 @@ async def test_cancel_rolls_back_and_config_shows_last_job(api: httpx.AsyncClien
     assert r.status_code == 200, r.text
     if r.json()["teardown_job_id"]:
         await finished(c, r.json()["teardown_job_id"], timeout=60)
+
+
+WORKER_MAIN = """
+import sys, uvicorn
+from karios.fabric_worker.app import create_app
+uvicorn.run(create_app(), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+"""
+
+
+def worker_process(settings, lab, **rollout) -> subprocess.Popen:
+    """A fabric-worker replica in its own process (so it can be SIGKILLed mid-apply)."""
+    env = dict(os.environ) | {
+        "KARIOS_DEV_MODE": "true",
+        "KARIOS_NATS_URL": settings.nats_url,
+        "KARIOS_DATABASE_URL": settings.database_url,
+        "KARIOS_BUS_PREFIX": settings.bus_prefix,
+        "KARIOS_RETRY_DELAY": str(settings.retry_delay),
+        "KARIOS_MAX_DELIVER": str(settings.max_deliver),
+        "KARIOS_LOG_JSON": "false",
+        "KARIOS_FABRIC_SSH_KEY": lab.client_key_path,
+        "KARIOS_FABRIC_VNIS": "100,200",
+        "KARIOS_FABRIC_FRR_LOG_FILE": "/run/frr/frr.log",
+        "KARIOS_FABRIC_CONNECT_TIMEOUT": "5",
+    }
+    env |= {f"KARIOS_FABRIC_{k.upper()}": str(v) for k, v in rollout.items()}
+    return subprocess.Popen([sys.executable, "-c", WORKER_MAIN, str(free_port())], env=env)
+
+
+async def test_worker_killed_mid_apply_peer_rolls_nodes_back(settings, serve, lab) -> None:
+    """SIGKILL the replica running an apply after it committed on every node: the job row
+    stays running, the baselines are in PostgreSQL (encrypted). A replica started afterwards
+    takes the expired lease over, rolls every touched node back, and ends the job failed."""
+    await serve(inventory_app(settings))
+    gw = await serve(gateway_app(settings))
+    lease = {"lease": 3, "heartbeat_interval": 0.5, "verify_timeout": 120}
+    proc = worker_process(settings, lab, **lease)
+    eng = create_async_engine(settings.database_url)
+
+    async def rows(sql: str, **kw) -> list:
+        async with eng.connect() as conn:
+            return list((await conn.execute(sa.text(sql), kw)).mappings().all())
+
+    try:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60, headers=ADMIN) as c:
+            for i, n in enumerate(lab.nodes, 1):
+                r = await c.post(
+                    "/controlnode/register",
+                    json={"bmc_ip": f"198.18.1.{i}", "os_ip": n.underlay_ip, "fqdn": n.name},
+                )
+                assert r.status_code == 200, r.text
+            secret = "Crash-s3cret"  # the RR has no password: the apply waits in verify
+            deadline = time.monotonic() + 30
+            while (
+                r := await c.post("/controlnode/fabric-config", json=CONFIG | {"bgp_password": secret})
+            ).status_code == 503:
+                assert time.monotonic() < deadline, "worker process did not come up"
+                await asyncio.sleep(0.3)
+            assert r.status_code in (200, 201), r.text
+            r = await c.post("/controlnode/fabric-config/apply")
+            assert r.status_code == 202, r.text
+            job_id = r.json()["apply_job_id"]
+            # Wait until every node is committed (frr.conf written) and its baseline stored.
+            deadline = time.monotonic() + 40
+            while True:
+                kept = await rows(
+                    "SELECT node_ip, baseline_enc FROM fabric.node_baselines WHERE job_id = :j", j=job_id
+                )
+                written = [n for n in lab.nodes if "frr.conf" in sh(lab, n, "ls -A /etc/frr")]
+                if len(kept) == len(written) == len(lab.nodes):
+                    break
+                assert time.monotonic() < deadline, (kept, written)
+                await asyncio.sleep(0.2)
+            assert all(k["baseline_enc"].startswith("v1:") and secret not in k["baseline_enc"] for k in kept)
+            t_kill = time.monotonic()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            assert (await rows("SELECT job_status FROM fabric.fabric_jobs WHERE job_id = :j", j=job_id))[0][
+                "job_status"
+            ] == "running"
+
+            peer = await serve(
+                worker_app(
+                    settings,
+                    rollout_settings=RolloutSettings(
+                        ssh_key=Path(lab.client_key_path),
+                        vnis="100,200",
+                        frr_log_file="/run/frr/frr.log",
+                        connect_timeout=5,
+                        **lease,
+                    ),
+                )
+            )
+            job = await finished(c, job_id, timeout=40)
+            recovered_s = time.monotonic() - t_kill
+            assert job["job_status"] == "failed" and "interrupted" in job["error"], job
+            assert sorted(n["node_ip"] for n in job["nodes"] if n["rolled_back"]) == [
+                n.underlay_ip for n in lab.nodes
+            ], job
+            for n in lab.nodes:  # back at the (empty) baseline, checked on the node itself
+                assert lab.node_exec(n, "ip link show vtep0").returncode != 0
+                assert sh(lab, n, "ls -A /etc/frr") == ""
+            cfg = (await c.get("/controlnode/fabric-config")).json()
+            assert cfg["rollout_status"] == "failed" and cfg["last_job"]["job_id"] == job_id
+            assert await rows("SELECT * FROM fabric.node_baselines WHERE job_id = :j", j=job_id) == []
+            # A new apply is possible again.
+            await peer.app.state.rollout.apply_check(FabricApplyCheck())
+            assert secret not in (await c.get("/controlnode/fabric-config/latest")).text
+            print(f"\nkilled mid-apply → nodes rolled back by the peer in {recovered_s:.1f} s")
+            r = await c.delete("/controlnode/fabric-config")
+            assert r.status_code == 200, r.text
+            if r.json()["teardown_job_id"]:
+                await finished(c, r.json()["teardown_job_id"], timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        await eng.dispose()

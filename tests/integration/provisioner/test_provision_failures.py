@@ -6,6 +6,8 @@ import asyncio
 
 import httpx
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from karios.common.contracts.provision import ProvisionSpec, StartProvision
 from tests.conftest import ADMIN
@@ -49,6 +51,14 @@ async def test_cancel_midway_ejects_clears_boot_and_is_idempotent(stack):
         # After a cancel the BMC may be provisioned again.
         r = await c.post("/controlnode/provision/dell", json=body(ip), headers=ADMIN)
         assert r.status_code == 202
+        await wait_job(c, r.json()["job_id"], {"booting"})
+        # The older attempt's token is refused as superseded, on firstboot too (which names no job).
+        r = await c.post(
+            "/controlnode/firstboot",
+            json={"bmc_ip": ip, "os_ip": "10.1.0.7"},
+            headers={"X-Karios-Job-Token": token},
+        )
+        assert r.status_code == 409 and "superseded" in r.json()["message"], r.text
 
 
 async def test_wrong_token_is_401_and_complete_twice_is_409(stack):
@@ -126,6 +136,34 @@ async def test_unreachable_and_failing_bmc_fail_clearly(stack):
         f2 = await wait_job(c, j2, {"failed"})
     assert "failed after 2 tries" in f1["message"] and "10.99.1.1" in f1["message"]
     assert "refused the credentials" in f2["message"]
+
+
+async def test_bmc_answering_500_fails_clearly_after_retries(stack, serve):
+    """A BMC whose Redfish service answers 500 to everything: retried, then a clear failure."""
+    hits: list[str] = []
+    bmc = FastAPI()
+
+    @bmc.api_route("/{path:path}", methods=["GET", "POST", "PATCH", "DELETE"])
+    async def broken(path: str, request: Request) -> JSONResponse:
+        hits.append(f"{request.method} /{path}")
+        err = {
+            "MessageId": "Base.1.8.InternalError",
+            "Message": "The request failed due to an internal error.",
+        }
+        return JSONResponse(
+            {"error": {"code": "Base.1.8.InternalError", "@Message.ExtendedInfo": [err]}}, 500
+        )
+
+    url = (await serve(bmc)).url
+    stack.cfg.bmc_endpoints["10.99.1.3"] = {"url": url, "username": "a", "password": "b"}
+    async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
+        job = (await c.post("/controlnode/provision/dell", json=body("10.99.1.3"), headers=ADMIN)).json()[
+            "job_id"
+        ]
+        failed = await wait_job(c, job, {"failed"})
+    assert "10.99.1.3" in failed["message"] and "failed after 2 tries" in failed["message"]
+    assert "HTTP 500" in failed["message"] and "InternalError" in failed["message"]
+    assert hits.count("GET /redfish/v1") == 2  # bmc_retries=1: two tries, then give up
 
 
 async def test_bad_requests_are_422_naming_the_field(stack):

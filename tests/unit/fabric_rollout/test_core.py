@@ -275,7 +275,8 @@ def test_preflight_needs_override_with_reason() -> None:
 def test_preflight_honours_node_override() -> None:
     o = NodeOverride(node_ip="198.18.0.11", underlay_iface_hint="eth0", underlay_ip="10.60.200.5/24")
     n = resolve_node(T1, FRESH, "10.60.200.0/24", o)
-    assert (n.mode, n.bridge, n.underlay_ip) == ("override", "eth0", "10.60.200.5/24")
+    assert (n.mode, n.bridge, n.underlay_ip) == ("reuse", "eth0", "10.60.200.5/24")
+    assert "node_overrides" in n.reason
 
 
 def test_preflight_summary_reports_mtu_drift_and_pool() -> None:
@@ -352,3 +353,34 @@ def test_job_outcome(oks: list[bool], cancelled: bool, strict: bool, expect: tup
         s = record_node(s, JobNode(node_ip=str(i), ok=ok))
     f = finalize(s, cancelled=cancelled, aborted_by_strict=strict)
     assert (f.job_status, f.rollout_status) == expect
+
+
+# -- what survives a worker restart -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIX.glob("discover_*.txt")))
+def test_baseline_facts_roundtrip_through_json(name: str) -> None:
+    import json
+
+    from karios.fabric_worker.rollout.facts import facts_from_dict, facts_to_dict
+    from karios.fabric_worker.rollout.plan import baseline_network, frr_rollback_plan
+
+    facts = parse_facts((FIX / name).read_text())
+    back = facts_from_dict(json.loads(json.dumps(facts_to_dict(facts))))
+    assert back == facts
+    # What a peer rolls back to is exactly what the original worker would have.
+    assert baseline_network(back, (100,)) == baseline_network(facts, (100,))
+    assert frr_rollback_plan(back, FRESH) == frr_rollback_plan(facts, FRESH)
+
+
+def test_cancel_broadcast_subject_is_core_nats_only() -> None:
+    from karios.common.bus.subjects import Subjects
+    from karios.fabric_worker.rollout_service import baseline_context, broadcast_subject
+
+    sub = Subjects("karios")
+    subject = broadcast_subject(sub, "fabric", "cancel_apply")
+    assert subject == "karios.bcast.fabric.cancel_apply"
+    # Not captured by a stream (work-queue retention would hand it to one replica only).
+    for stream_filter in (sub.all_commands, sub.all_events, sub.all_dead_letters):
+        assert not subject.startswith(stream_filter.removesuffix(">"))
+    assert baseline_context("j1", "10.0.0.1") != baseline_context("j1", "10.0.0.2")

@@ -7,7 +7,15 @@ import itertools
 import pytest
 
 from karios.common.errors import Conflict
-from karios.provisioner.statemachine import INFO, TRANSITIONS, State, allowed, is_terminal, transition
+from karios.provisioner.statemachine import (
+    INFO,
+    TRANSITIONS,
+    WORKER_STATES,
+    State,
+    allowed,
+    is_terminal,
+    transition,
+)
 
 S = State
 HAPPY_PATH = [S.queued, S.building_media, S.mounting, S.booting, S.installing, S.first_boot, S.completed]
@@ -49,3 +57,27 @@ def test_terminal_states_accept_nothing_and_show_their_status():
     assert INFO[S.building_media].stage == "Building ISO"
     assert INFO[S.mounting].stage == "Mounting ISO"
     assert INFO[S.installing].stage == "Installing OS"
+
+
+def _reachable(start: State) -> set[State]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in TRANSITIONS[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_booting_is_entered_once_per_job_so_the_power_reset_happens_at_most_once():
+    """The worker sends the reset only after its ``mounting → booting`` commit: that move must be
+    the only way into booting, and nothing after it may lead back to the worker phase."""
+    assert {s for s in State if allowed(s, S.booting)} == {S.mounting}
+    assert not (_reachable(S.booting) & {S.mounting, S.booting, *WORKER_STATES})
+
+
+def test_worker_states_are_the_phase_a_replica_resumes():
+    assert {S.queued, S.building_media, S.mounting} == WORKER_STATES
+    assert not any(INFO[s].watched for s in WORKER_STATES)  # the stuck checker covers the rest
+    watched_or_done = {s for s in State if INFO[s].watched or INFO[s].terminal or s == S.stuck}
+    assert watched_or_done == set(State) - WORKER_STATES

@@ -60,11 +60,8 @@ def create_app(
             raise NotFound("no fabric configuration is stored")
         return await rollout.decorate(store.view_of(row))
 
-    async def delete_config(_q: DeleteFabricConfig) -> DeleteResult:
-        teardown = await rollout.prepare_teardown()  # 409 while an apply runs
-        async with db().session() as s, s.begin():
-            result = await store.delete(s)
-        return rollout.start_teardown(teardown, result)
+    async def delete_config(q: DeleteFabricConfig) -> DeleteResult:
+        return await rollout.delete_config(q.caller)  # 409 while a job runs; teardown is a command
 
     async def plan(req: FabricPlanRequest) -> FabricPlan:
         return plan_fabric(req)
@@ -89,7 +86,12 @@ def create_app(
     rt.bus.query_responder(subjects.query("fabric", "plan"), FabricPlanRequest, plan)
     rt.bus.query_responder(subjects.query("fabric", "vtep_pool"), VtepPoolQuery, vtep_pool)
 
+    async def on_start(_rt: ServiceRuntime) -> None:
+        await rollout.start()  # recovers jobs a dead replica left running
+
     async def on_stop(_rt: ServiceRuntime) -> None:
         await rollout.stop()
 
-    return build_app(rt, title="Karios fabric-worker", on_stop=on_stop)
+    app = build_app(rt, title="Karios fabric-worker", on_start=on_start, on_stop=on_stop)
+    app.state.rollout = rollout
+    return app

@@ -79,6 +79,25 @@ class FabricJobRow(SQLModel, table=True):
     seq: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, sa.Identity(), nullable=False))
     created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
     updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+    # Lease: the replica running the job and when it last said so (0003). A running row whose
+    # heartbeat is older than the lease belongs to a dead replica and is recovered by a peer.
+    owner: str = Field(default="", max_length=128)
+    heartbeat_at: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
+    cancel_requested: bool = False
+    request: dict = Field(default_factory=dict, sa_type=sa.JSON)  # what the job was asked (node_ip, vnis)
+
+
+class NodeBaselineRow(SQLModel, table=True):
+    """One node's state before an apply touched it (SecretBox-encrypted: frr.conf holds the BGP
+    password / OSPF key). Kept until the job ends, so a peer can roll the node back after a crash."""
+
+    __tablename__ = "node_baselines"
+    __table_args__ = {"schema": SCHEMA}
+
+    job_id: str = Field(primary_key=True, max_length=64)
+    node_ip: str = Field(primary_key=True, max_length=64)
+    baseline_enc: str
+    recorded_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
 
 
 class NodeHostKeyRow(SQLModel, table=True):

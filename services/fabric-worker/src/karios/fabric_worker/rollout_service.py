@@ -2,15 +2,22 @@
 the inventory's node registry and the rollout core in :mod:`karios.fabric_worker.rollout`.
 
 - ``cmd.fabric.apply``            :class:`StartFabricApply` → :class:`ApplyJob` (durable; in_progress kept)
+- ``cmd.fabric.teardown``         :class:`StartFabricTeardown`: whole-fabric teardown (durable)
 - ``req.fabric.apply_check``      the gateway's synchronous check before it answers 202
-- ``req.fabric.cancel_apply``     cancel the in-flight apply (404 otherwise)
+- ``req.fabric.cancel_apply``     cancel the in-flight apply, whichever replica runs it (404 otherwise)
+- ``bcast.fabric.cancel_apply``   core NATS fan-out of a cancel to every replica (no queue group)
 - ``req.fabric.preflight``        read-only SSH fan-out; stores HMAC probe + MTU consensus on the config
 - ``req.fabric.teardown_node``    remove the fabric from one node
 - ``q.fabric.latest``             the latest job summary
 - ``q.fabric.postdeploy``         one node's post-deploy checklist
 
 Secrets (BGP password, OSPF key, OS passwords, the SSH private key) are decrypted here and only
-handed to the rollout core; events, replies and logs never carry them.
+handed to the rollout core; events, replies and logs never carry them. Node baselines (their
+frr.conf holds the BGP password / OSPF key) are stored SecretBox-encrypted.
+
+Several replicas: the job row is the source of truth (see :mod:`rollout_store`): the replica
+running a job renews a lease on it; a job whose lease expired is taken over by a peer, which
+rolls the touched nodes back (apply) or runs it again (teardown, idempotent).
 """
 
 from __future__ import annotations
@@ -18,16 +25,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
+import os
+import socket
 import uuid
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from faststream.nats import NatsMessage
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.exc import IntegrityError
 
+from karios.common.bus.envelope import RawEnvelope, wrap
 from karios.common.bus.runtime import HandlerContext
+from karios.common.bus.subjects import Subjects, token
 from karios.common.contracts.fabric import (
     BGP_PASSWORD_CONTEXT,
     OSPF_AUTH_KEY_CONTEXT,
@@ -47,6 +61,7 @@ from karios.common.contracts.fabric import (
     PostdeployStep,
     PreflightOverride,
     StartFabricApply,
+    StartFabricTeardown,
     TeardownFabricNode,
 )
 from karios.common.contracts.inventory import NodeAccess, NodeAccessQuery
@@ -55,7 +70,7 @@ from karios.common.errors import Conflict, KariosError, NotFound, ServiceUnavail
 from karios.common.service import ServiceRuntime
 from karios.common.telemetry import get_logger
 from karios.fabric_worker import rollout_store, store
-from karios.fabric_worker.models import FabricConfigRow
+from karios.fabric_worker.models import FabricConfigRow, FabricJobRow
 from karios.fabric_worker.rollout import (
     ApplyJob,
     FabricIntent,
@@ -69,7 +84,9 @@ from karios.fabric_worker.rollout import (
     run_teardown_job,
     teardown_node,
 )
-from karios.fabric_worker.rollout.summary import JobStatus, JobSummary, JobType, RolloutStatus
+from karios.fabric_worker.rollout.facts import NodeFacts, facts_from_dict, facts_to_dict
+from karios.fabric_worker.rollout.node import NodeEvent, rollback_node
+from karios.fabric_worker.rollout.summary import JobNode, JobStatus, JobSummary, JobType, RolloutStatus
 
 log = get_logger(__name__)
 
@@ -88,6 +105,11 @@ class RolloutSettings(BaseSettings):
     verify_timeout: float = Field(60.0, gt=0, description="Seconds for BGP Established + EVPN routes")
     preflight_timeout: float = Field(20.0, gt=0, description="Per-node preflight limit, seconds")
     progress_interval: float = Field(15.0, gt=0, description="Seconds between in_progress() acks")
+    heartbeat_interval: float = Field(5.0, gt=0, description="Seconds between job lease renewals")
+    lease: float = Field(
+        30.0, gt=0, description="A running job whose replica has not renewed it for this long is taken over"
+    )
+    ack_wait: float = Field(60.0, gt=0, description="Seconds before an unacked fabric command is redelivered")
 
     def vni_list(self) -> tuple[int, ...]:
         try:
@@ -110,21 +132,39 @@ def _check_ip(value: str, field: str = "node_ip") -> str:
         raise ValidationFailed(f"{field}: {value!r} is not an IP address", field=field) from None
 
 
-@dataclass
-class TeardownPlan:
-    intent: FabricIntent
-    targets: list[NodeTarget]
+def broadcast_subject(subjects: Subjects, domain: str, what: str) -> str:
+    """``<p>.bcast.<domain>.<what>``: core NATS, heard by every replica (no queue group), kept by
+    no stream (the streams hold ``cmd``/``evt``/``dlq`` only). Built from the shared prefix."""
+    return f"{subjects.prefix}.bcast.{token(domain)}.{token(what)}"
+
+
+def baseline_context(job_id: str, node_ip: str) -> str:
+    """SecretBox associated data: a stored baseline only decrypts as that job's, that node's."""
+    return f"fabric:baseline:{job_id}:{node_ip}"
 
 
 class RolloutService:
-    """One per worker process: the in-flight apply lives in :class:`JobRegistry` (memory)."""
+    """One per worker process. The job row in PostgreSQL is the source of truth for what runs
+    (any replica answers cancel / latest / busy); the running :class:`ApplyJob` itself lives
+    in the :class:`JobRegistry` of the replica holding the job's lease."""
 
     def __init__(self, rt: ServiceRuntime, box: SecretBox, settings: RolloutSettings) -> None:
         self.rt, self.box, self.settings = rt, box, settings
         self.registry = JobRegistry()
         self.vnis = settings.vni_list()
+        self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._stopping = False
+        self._handlers: set[asyncio.Task] = set()
         self._teardown: asyncio.Task | None = None
-        self._teardown_job_id = ""
+        self._reaper: asyncio.Task | None = None
+
+    @property
+    def cancel_subject(self) -> str:
+        return broadcast_subject(self.rt.bus.subjects, "fabric", "cancel_apply")
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return min(self.settings.heartbeat_interval, self.settings.progress_interval, self.settings.lease / 3)
 
     # -- building blocks ---------------------------------------------------------------------
 
@@ -223,12 +263,13 @@ class RolloutService:
             )
         return sorted(out, key=lambda t: ipaddress.ip_address(t.node_ip))
 
-    def _busy(self) -> None:
-        cur = self.registry.current()
-        if cur is not None and cur.job_status is JobStatus.RUNNING:
-            raise Conflict(f"fabric apply {cur.job_id} is still running", field="apply_job_id")
-        if self._teardown is not None and not self._teardown.done():
-            raise Conflict(f"fabric teardown {self._teardown_job_id} is still running")
+    async def _check_idle(self) -> None:
+        """409 while any replica runs an apply/teardown (the running job row says so)."""
+        async with self._db().session() as s:
+            row = await rollout_store.running_row(s)
+        if row is not None:
+            what = "apply" if row.job_type == JobType.APPLY else "teardown"
+            raise Conflict(f"fabric {what} {row.job_id} is still running", field="apply_job_id")
 
     async def _publish(self, ev: RolloutEvent, cause: Any = None) -> None:
         entity = ev.node_ip or ev.job_id
@@ -238,6 +279,12 @@ class RolloutService:
             cause=cause,
             entity=entity,
         )
+
+    async def _safe_publish(self, ev: RolloutEvent, cause: Any = None) -> None:
+        try:
+            await self._publish(ev, cause)
+        except Exception:
+            log.warning("fabric event not published", state=ev.state, job_id=ev.job_id)
 
     async def _save(self, summary: JobSummary) -> None:
         async with self._db().session() as s, s.begin():
@@ -261,11 +308,72 @@ class RolloutService:
                 out[ip] = (await store.allocate(s, ip)).vtep_ip
         return out
 
+    async def _start_row(self, summary: JobSummary, request: dict) -> None:
+        """Insert the running job under this replica's lease; 409 when another job runs."""
+        try:
+            async with self._db().session() as s, s.begin():
+                await rollout_store.start_job(s, summary, owner=self.instance, request=request)
+        except IntegrityError:
+            await self._check_idle()
+            raise Conflict("another fabric job is running") from None
+
+    async def _finish(self, summary: JobSummary) -> bool:
+        async with self._db().session() as s, s.begin():
+            ok = await rollout_store.finish_job(s, summary, self.instance)
+            await rollout_store.drop_baselines(s, summary.job_id)
+        return ok
+
+    async def _hold_lease(
+        self,
+        job_id: str,
+        task: asyncio.Task,
+        *,
+        ctx: HandlerContext | None = None,
+        summary: Callable[[], JobSummary | None] = lambda: None,
+        on_cancel: Callable[[], None] | None = None,
+    ) -> bool:
+        """Wait for `task` while renewing the lease (storing the live summary), telling the bus
+        we are alive, and polling the durable cancel flag (the broadcast's backstop).
+        False: the lease was lost (a peer took the job over): `task` is stopped, no rollback."""
+        while not task.done():
+            await asyncio.wait({task}, timeout=self.heartbeat_interval)
+            if task.done():
+                break
+            if ctx is not None:
+                with contextlib.suppress(Exception):
+                    await ctx.in_progress()
+            try:
+                async with self._db().session() as s, s.begin():
+                    cancel = await rollout_store.heartbeat(s, job_id, self.instance, summary())
+            except Exception as exc:  # database hiccup: keep working, the lease is generous
+                log.warning("fabric job heartbeat failed", job_id=job_id, error=type(exc).__name__)
+                continue
+            if cancel is None:
+                log.error("fabric job lease lost; a peer took it over", job_id=job_id)
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                return False
+            if cancel and on_cancel is not None:
+                on_cancel()
+        return True
+
+    async def _release(self, job_id: str) -> None:
+        with contextlib.suppress(Exception):
+            async with self._db().session() as s, s.begin():
+                await rollout_store.release_lease(s, job_id, self.instance)
+
+    def _track(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
+
     # -- apply ------------------------------------------------------------------------------
 
     async def apply_check(self, q: FabricApplyCheck) -> ApplyAccepted:
         node_ip = _check_ip(q.node_ip) if q.node_ip else ""
-        self._busy()
+        await self._check_idle()
         self.intent_of(await self._config())
         targets = await self.targets(node_ip)
         if not targets:
@@ -288,16 +396,33 @@ class RolloutService:
             cause,
         )
 
+    def _baseline_keeper(self, job_id: str) -> Callable[[str, NodeFacts], Awaitable[None]]:
+        async def keep(node_ip: str, facts: NodeFacts) -> None:
+            blob = self.box.encrypt(
+                json.dumps(facts_to_dict(facts)), context=baseline_context(job_id, node_ip)
+            )
+            try:
+                async with self._db().session() as s, s.begin():
+                    await rollout_store.keep_baseline(s, job_id, node_ip, blob)
+            except Exception as exc:
+                raise ServiceUnavailable(
+                    f"{node_ip}: baseline not persisted ({type(exc).__name__}); node left untouched"
+                ) from None
+
+        return keep
+
     async def on_apply(self, cmd: StartFabricApply, ctx: HandlerContext) -> None:
+        self._track()
+        if self._stopping:
+            raise ServiceUnavailable("fabric-worker is stopping")
         async with self._db().session() as s:
-            seen = await rollout_store.get_job(s, cmd.job_id)
-        cur = self.registry.current()
-        if seen is not None and (
-            seen.job_status != "running" or (cur is not None and cur.job_id == cmd.job_id)
-        ):
-            return  # redelivered: done already, or running here
+            seen = await rollout_store.get_row(s, cmd.job_id)
+        if seen is not None:
+            if seen.job_status == rollout_store.RUNNING and seen.owner != self.instance:
+                await self._take_over(cmd.job_id)  # only when its replica is gone
+            return  # done already, running here, or running on a live peer
         try:
-            self._busy()
+            await self._check_idle()
             row = await self._config()
             intent = self.intent_of(row)
             targets = await self.targets(cmd.node_ip)
@@ -324,22 +449,29 @@ class RolloutService:
             options=self.settings.options(),
             sink=sink,
             job_id=cmd.job_id,
+            before_change=self._baseline_keeper(cmd.job_id),
         )
         whole = not cmd.node_ip
+        request = {"node_ip": cmd.node_ip, "vnis": list(intent.vnis), "caller": cmd.caller}
         try:
+            await self._start_row(job.summary, request)
             task = self.registry.start(job)
         except Conflict as exc:
             await self._fail_job(cmd, exc.message, ctx.envelope)
             return
-        await self._save(job.summary)
         if whole:
             await self._set_status(RolloutStatus.ROLLING_OUT)
-        while not task.done():
-            await asyncio.wait({task}, timeout=self.settings.progress_interval)
-            with contextlib.suppress(Exception):
-                await ctx.in_progress()
+        held = await self._hold_lease(
+            cmd.job_id, task, ctx=ctx, summary=lambda: job.summary, on_cancel=job.cancel
+        )
+        if not held:
+            return
+        if task.cancelled():  # worker stopping: the baselines stay, a peer rolls back
+            await self._release(cmd.job_id)
+            raise ServiceUnavailable(f"fabric-worker stopped during apply {cmd.job_id}")
         summary = task.result()
-        await self._save(summary)
+        if not await self._finish(summary):
+            return
         await self._remember(
             {r.node_ip: r.host_key for r in job.results if r.host_key and r.host_key_first_seen}
         )
@@ -356,21 +488,195 @@ class RolloutService:
         )
 
     async def cancel(self, q: CancelFabricApply) -> CancelAccepted:
-        self.registry.cancel(q.job_id)  # NotFound unless it is the in-flight apply
+        """Any replica answers: the job row says whether `job_id` is in flight (404 otherwise);
+        the flag is stored (durable) and broadcast to every replica (the runner reacts at once)."""
+        async with self._db().session() as s, s.begin():
+            running = await rollout_store.request_cancel(s, q.job_id)
+        if not running:
+            raise NotFound(f"no in-flight fabric apply {q.job_id}")
+        self.registry.cancel_local(q.job_id)
+        with contextlib.suppress(Exception):  # the flag is polled anyway
+            env = wrap(q, source=self.rt.bus.service)
+            await self.rt.bus.nc.publish(self.cancel_subject, env.model_dump_json().encode())
         return CancelAccepted(job_id=q.job_id, message="cancellation requested; nodes roll back to baseline")
 
+    async def on_cancel_broadcast(self, body: Any, msg: NatsMessage) -> None:
+        try:
+            job_id = CancelFabricApply.model_validate(
+                RawEnvelope.model_validate_json(msg.raw_message.data).data
+            ).job_id
+        except Exception:
+            log.warning("ignoring malformed fabric cancel broadcast")
+            return
+        if self.registry.cancel_local(job_id):
+            log.info("fabric apply cancel received", job_id=job_id)
+
     async def latest(self, _q: FabricLatestQuery) -> FabricJobView:
-        cur = self.registry.current()
-        if cur is not None and cur.job_status is JobStatus.RUNNING:
-            return rollout_store.job_view(cur)
+        cur = self.registry.running_job()
+        if cur is not None:
+            return rollout_store.job_view(cur.summary)
         async with self._db().session() as s:
             view = await rollout_store.latest_job(s)
         if view is None:
             raise NotFound("no fabric job has run yet")
-        if view.job_status == "running" and self._teardown_job_id != view.job_id:
-            # Not running in this process: the worker restarted under it.
-            view = view.model_copy(update={"job_status": "failed", "error": "interrupted (worker restarted)"})
         return view
+
+    # -- recovery of a job whose replica died ------------------------------------------------
+
+    async def _take_over(self, job_id: str) -> None:
+        async with self._db().session() as s, s.begin():
+            before = await rollout_store.get_row(s, job_id)
+            previous = before.owner if before is not None else ""
+            row = await rollout_store.claim(s, job_id, self.instance, self.settings.lease)
+        if row is None:
+            return  # held by a live replica, finished, or another peer won the claim
+        if row.job_type == JobType.TEARDOWN:
+            await self._run_teardown(row, None)
+        else:
+            await self._recover_apply(row, previous)
+
+    async def _recover_apply(self, row: FabricJobRow, previous: str) -> None:
+        """Roll every node the dead replica touched back to its persisted baseline; the job ends
+        failed (cancelled when a cancel was requested), rollout_status failed, or degraded when
+        a node could not be rolled back."""
+        job_id = row.job_id
+        try:
+            summary = JobSummary.model_validate((row.summary or {}) | {"job_type": JobType.APPLY})
+        except ValidationError:
+            summary = JobSummary(job_id=job_id, job_type=JobType.APPLY)
+        async with self._db().session() as s:
+            blobs = await rollout_store.baselines(s, job_id)
+        vnis = tuple(int(v) for v in (row.request or {}).get("vnis", self.vnis))
+
+        async def emit(state: str, node_ip: str = "", fqdn: str = "", message: str = "") -> None:
+            await self._safe_publish(
+                RolloutEvent(
+                    job_id=job_id,
+                    job_type=JobType.APPLY,
+                    state=state,
+                    progress=summary.progress,
+                    node_ip=node_ip,
+                    fqdn=fqdn,
+                    message=message,
+                )
+            )
+
+        async def node_event(ev: NodeEvent) -> None:
+            await emit(ev.state, ev.node_ip, ev.fqdn, ev.message)
+
+        async def work() -> tuple[list[str], list[str]]:
+            back, stuck = [], []
+            if not blobs:
+                return back, stuck
+            await emit(
+                "apply_rolling_back", message=f"{len(blobs)} touched node(s); worker {previous} stopped"
+            )
+            secrets: list[str] = []
+            with contextlib.suppress(KariosError):
+                secrets = self.intent_of(await self._config()).secrets()
+            try:
+                targets = {t.node_ip: t for t in await self.targets()}
+            except KariosError as exc:
+                targets, reason = {}, exc.message
+            else:
+                reason = "node no longer registered"
+            for node_ip, blob in sorted(blobs.items()):
+                target = targets.get(node_ip)
+                if target is None:
+                    stuck.append(f"{node_ip}: {reason}")
+                    continue
+                baseline = facts_from_dict(
+                    json.loads(self.box.decrypt(blob, context=baseline_context(job_id, node_ip)))
+                )
+                node_secrets = secrets + [
+                    x.get_secret_value() for x in (target.password, target.private_key) if x is not None
+                ]
+                ok, msg = await rollback_node(
+                    target,
+                    baseline,
+                    vnis,
+                    options=self.settings.options(),
+                    secrets=node_secrets,
+                    progress=node_event,
+                    fqdn=target.fqdn,
+                )
+                (back if ok else stuck).append(node_ip if ok else f"{node_ip}: {msg}")
+            return back, stuck
+
+        task = asyncio.get_running_loop().create_task(work())
+        if not await self._hold_lease(job_id, task):
+            return
+        if task.cancelled():
+            await self._release(job_id)
+            return
+        back, stuck = task.result()
+        nodes = {n.node_ip: n for n in summary.nodes}
+        for ip in back:
+            nodes[ip] = JobNode(
+                node_ip=ip,
+                fqdn=nodes[ip].fqdn if ip in nodes else "",
+                rolled_back=True,
+                error="interrupted; rolled back to baseline",
+            )
+        for item in stuck:
+            ip = item.split(":", 1)[0]
+            nodes[ip] = JobNode(
+                node_ip=ip,
+                fqdn=nodes[ip].fqdn if ip in nodes else "",
+                error=f"interrupted; rollback failed: {item.split(': ', 1)[-1]}",
+            )
+        cancelled = bool(row.cancel_requested)
+        error = (
+            f"interrupted: the worker running this apply stopped ({previous or 'unknown'}); "
+            f"{len(back)} touched node(s) rolled back to baseline"
+        )
+        if stuck:
+            error += f", {len(stuck)} could not be: {'; '.join(stuck)}"
+        done = summary.model_copy(
+            update={
+                "nodes": list(nodes.values()),
+                "completed_nodes": sum(1 for n in nodes.values() if n.ok),
+                "failed_nodes": sum(1 for n in nodes.values() if not n.ok),
+                "job_status": JobStatus.CANCELLED if cancelled else JobStatus.FAILED,
+                "rollout_status": RolloutStatus.DEGRADED if stuck else RolloutStatus.FAILED,
+                "state": "apply_cancelled" if cancelled else "apply_failed",
+                "progress": 100,
+                "error": error,
+                "updated_at": _now(),
+            }
+        )
+        if not await self._finish(done):
+            return
+        whole = not (row.request or {}).get("node_ip")
+        await self._set_status(done.rollout_status if whole else RolloutStatus.DEGRADED)
+        await emit(done.state, message=error)
+        log.warning(
+            "interrupted fabric apply recovered", job_id=job_id, rolled_back=len(back), stuck=len(stuck)
+        )
+
+    async def recover_stale(self) -> int:
+        """Take over every running job whose replica is gone (start-up and every lease/3)."""
+        async with self._db().session() as s:
+            ids = await rollout_store.stale_jobs(s, self.settings.lease)
+        for job_id in ids:
+            if self._stopping:
+                break
+            try:
+                await self._take_over(job_id)
+            except Exception:
+                log.exception("fabric job recovery failed", job_id=job_id)
+        return len(ids)
+
+    async def _reap(self) -> None:
+        while not self._stopping:
+            try:
+                await self.recover_stale()
+            except Exception as exc:
+                log.warning("fabric job reaper", error=type(exc).__name__)
+            await asyncio.sleep(max(0.5, self.settings.lease / 3))
+
+    async def start(self) -> None:
+        self._reaper = asyncio.get_running_loop().create_task(self._reap())
 
     # -- preflight --------------------------------------------------------------------------
 
@@ -446,7 +752,7 @@ class RolloutService:
 
     async def teardown_node(self, q: TeardownFabricNode) -> NodeTeardownView:
         target = await self._one_target(q.node_ip)
-        self._busy()
+        await self._check_idle()
         intent = self.intent_of(await self._config())
         res = await teardown_node(target, intent, options=self.settings.options())
         if res.removed:
@@ -494,54 +800,122 @@ class RolloutService:
             for st in steps
         ]
 
-    # -- whole-fabric teardown (DELETE /fabric-config) --------------------------------------
+    # -- whole-fabric teardown (DELETE /fabric-config): a durable command ------------------------
 
-    async def prepare_teardown(self) -> TeardownPlan | None:
-        """Before the config is deleted: what to tear down (None: nothing was ever allocated)."""
-        self._busy()
-        async with self._db().session() as s:
-            row = await store.load(s)
-            allocated = await rollout_store.allocations(s) if row is not None else {}
-        if row is None or not allocated:
-            return None
-        try:
-            intent = self.intent_of(row)
-            targets = [t for t in await self.targets() if t.node_ip in allocated]
-        except KariosError as exc:
-            log.warning("fabric teardown skipped", reason=exc.message)
-            return None
-        return TeardownPlan(intent, targets) if targets else None
-
-    def start_teardown(self, plan: TeardownPlan | None, result: DeleteResult) -> DeleteResult:
-        if plan is None:
-            return result
+    async def delete_config(self, caller: str = "") -> DeleteResult:
+        """Delete the config and, when VTEPs were allocated, queue the teardown of those nodes in
+        the same transaction (job row, no owner yet), then send ``cmd.fabric.teardown``. The
+        command is durable (retried after a worker restart); a queued row nobody picks up within
+        the lease is taken over by any replica's reaper."""
+        await self._check_idle()
         job_id = str(uuid.uuid4())
+        async with self._db().session() as s:
+            allocated = await rollout_store.allocations(s)
+        registered: set[str] | None = None
+        if allocated:
+            try:  # nodes no longer registered cannot be reached: nothing to queue for them
+                registered = {t.node_ip for t in await self.targets()}
+            except KariosError as exc:  # inventory down: queue them all, the job resolves later
+                log.warning("fabric teardown: node registry unavailable", reason=exc.message)
+        try:
+            async with self._db().session() as s, s.begin():
+                allocated = {
+                    ip: v
+                    for ip, v in (await rollout_store.allocations(s)).items()
+                    if registered is None or ip in registered
+                }
+                result = await store.delete(s)  # 404 when none
+                if allocated:
+                    summary = JobSummary(job_id=job_id, job_type=JobType.TEARDOWN, total_nodes=len(allocated))
+                    request = {"node_ips": sorted(allocated), "vnis": list(self.vnis), "caller": caller}
+                    await rollout_store.start_job(s, summary, owner="", request=request)
+        except IntegrityError:
+            await self._check_idle()
+            raise Conflict("another fabric job is running") from None
+        if not allocated:
+            return result
+        with contextlib.suppress(KariosError):  # the reaper sends nothing: it runs the job itself
+            await self.rt.bus.send_command(
+                StartFabricTeardown(
+                    job_id=job_id, node_ips=sorted(allocated), vnis=list(self.vnis), caller=caller
+                ),
+                self.rt.bus.subjects.cmd("fabric", "teardown"),
+                entity=job_id,
+                msg_id=job_id,
+            )
+        return result.model_copy(
+            update={
+                "teardown_job_id": job_id,
+                "message": f"{result.message}; teardown of {len(allocated)} node(s) queued",
+            }
+        )
+
+    async def on_teardown(self, cmd: StartFabricTeardown, ctx: HandlerContext) -> None:
+        self._track()
+        if self._stopping:
+            raise ServiceUnavailable("fabric-worker is stopping")
+        async with self._db().session() as s, s.begin():
+            row = await rollout_store.claim(s, cmd.job_id, self.instance, self.settings.lease)
+        if row is None:
+            return  # finished, or held by a live replica
+        await self._run_teardown(row, ctx)
+
+    async def _run_teardown(self, row: FabricJobRow, ctx: HandlerContext | None) -> None:
+        job_id = row.job_id
+        req = row.request or {}
+        node_ips = set(req.get("node_ips") or [])
+        vnis = tuple(int(v) for v in req.get("vnis") or self.vnis)
+        cause = ctx.envelope if ctx is not None else None
 
         async def sink(ev: RolloutEvent) -> None:
-            await self._publish(ev)
+            await self._safe_publish(ev, cause)
 
-        async def run() -> None:
-            await self._save(
-                JobSummary(job_id=job_id, job_type=JobType.TEARDOWN, total_nodes=len(plan.targets))
-            )
-            summary = await run_teardown_job(
-                plan.intent,
-                plan.targets,
+        async def work() -> JobSummary:
+            targets = [t for t in await self.targets() if t.node_ip in node_ips]
+            return await run_teardown_job(
+                None,
+                targets,
                 concurrency=self.settings.concurrency,
                 options=self.settings.options(),
                 sink=sink,
                 job_id=job_id,
+                vnis=vnis,
             )
-            await self._save(summary)
 
-        self._teardown_job_id = job_id
-        self._teardown = asyncio.get_running_loop().create_task(run())
-        return result.model_copy(
-            update={
-                "teardown_job_id": job_id,
-                "message": f"{result.message}; teardown of {len(plan.targets)} node(s) started",
-            }
-        )
+        task = asyncio.get_running_loop().create_task(work())
+        self._teardown = task
+        if not await self._hold_lease(job_id, task, ctx=ctx):
+            return
+        if task.cancelled():
+            await self._release(job_id)
+            if ctx is not None:
+                raise ServiceUnavailable(f"fabric-worker stopped during teardown {job_id}")
+            return
+        exc = task.exception()
+        if isinstance(exc, ServiceUnavailable) and ctx is not None:
+            await self._release(job_id)
+            raise exc  # inventory unavailable: the bus retries the command
+        if exc is not None:
+            message = exc.message if isinstance(exc, KariosError) else type(exc).__name__
+            summary = JobSummary(
+                job_id=job_id,
+                job_type=JobType.TEARDOWN,
+                job_status=JobStatus.FAILED,
+                rollout_status=RolloutStatus.FAILED,
+                state="teardown_failed",
+                progress=100,
+                error=message,
+            )
+            await self._finish(summary)
+            await sink(
+                RolloutEvent(
+                    job_id=job_id, job_type=JobType.TEARDOWN, state="teardown_failed", message=message
+                )
+            )
+            return
+        summary = task.result()
+        await self._finish(summary)
+        log.info("fabric teardown finished", job_id=job_id, job_status=str(summary.job_status))
 
     async def decorate(self, view: FabricConfigView) -> FabricConfigView:
         """``last_job`` on GET fabric-config when the rollout failed or is degraded."""
@@ -552,11 +926,21 @@ class RolloutService:
         return view.model_copy(update={"last_job": job.model_dump(mode="json") if job else None})
 
     async def stop(self) -> None:
-        for task in (self._teardown,):
+        """Stop where we stand: the in-flight job keeps its row and baselines, its lease is
+        released so a peer (or this worker after a restart) recovers it at once; the command
+        is nak'ed for redelivery."""
+        self._stopping = True
+        for task in (self._reaper,):
             if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+        await self.registry.halt()
+        if self._teardown is not None and not self._teardown.done():
+            self._teardown.cancel()
+        pending = [t for t in self._handlers if t is not asyncio.current_task() and not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=10)
 
 
 def register_rollout(
@@ -565,7 +949,11 @@ def register_rollout(
     """Wire the rollout's handlers on ``rt.bus``; returns the service for app.py's few hooks."""
     svc = RolloutService(rt, box, settings or RolloutSettings())
     sub = rt.bus.subjects
+    rt.bus.ack_wait = svc.settings.ack_wait
     rt.bus.command_handler("fabric", StartFabricApply, svc.on_apply, verb="apply", concurrency=1)
+    rt.bus.command_handler("fabric", StartFabricTeardown, svc.on_teardown, verb="teardown", concurrency=1)
+    # Every replica hears a cancel (no queue group): the one running the apply acts on it.
+    rt.bus.broker.subscriber(svc.cancel_subject, no_reply=True)(svc.on_cancel_broadcast)
     rt.bus.query_responder(sub.request("fabric", "apply_check"), FabricApplyCheck, svc.apply_check)
     rt.bus.query_responder(sub.request("fabric", "cancel_apply"), CancelFabricApply, svc.cancel)
     rt.bus.query_responder(sub.request("fabric", "preflight"), FabricPreflightRequest, svc.preflight)

@@ -70,6 +70,9 @@ def view_of(row: FabricConfigRow, *, created: bool = False) -> FabricConfigView:
     )
 
 
+ROLLOUT_PENDING = "pending"
+
+
 def _secret_len(box: SecretBox, token: str | None, context: str) -> int:
     return len(box.decrypt(token, context=context)) if token else 0
 
@@ -113,9 +116,15 @@ async def upsert(session: AsyncSession, req: UpsertFabricConfig, box: SecretBox)
     data = merged.model_dump(mode="json", by_alias=True)
     created = row is None
     if row is None:
-        row = FabricConfigRow(id=SINGLETON_ID, data=data, created_at=now, updated_at=now)
+        # Nothing rolled out yet: "pending" until the first apply (an empty legacy value reads "ready").
+        row = FabricConfigRow(
+            id=SINGLETON_ID, data=data, created_at=now, updated_at=now, rollout_status=ROLLOUT_PENDING
+        )
         session.add(row)
     else:
+        changed = data != row.data or (bgp_enc, ospf_enc) != (row.bgp_password_enc, row.ospf_auth_key_enc)
+        if changed and row.rollout_status in ("", "ready"):
+            row.rollout_status = ROLLOUT_PENDING  # the nodes run the previous config until the next apply
         row.data = data
         row.updated_at = now
     row.bgp_password_enc, row.ospf_auth_key_enc = bgp_enc, ospf_enc

@@ -48,15 +48,17 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
 
     async def on_start(_rt: ServiceRuntime) -> None:
         rt.state["stuck_task"] = asyncio.create_task(svc.stuck_loop())
+        # Heartbeat our leases and resume jobs whose worker died (first sweep right away).
+        rt.state["lease_task"] = asyncio.create_task(svc.lease_loop())
 
     async def on_stop(_rt: ServiceRuntime) -> None:
-        task = rt.state.pop("stuck_task", None)
-        if task:
-            task.cancel()
-        for t in list(svc.tasks.values()):
-            t.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*svc.tasks.values(), return_exceptions=True)
+        for name in ("stuck_task", "lease_task"):
+            task = rt.state.pop(name, None)
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        await svc.stop()
 
     app = build_app(rt, title="Karios provisioner", on_start=on_start, on_stop=on_stop)
     app.state.jobs = svc

@@ -22,6 +22,14 @@ class ProvisionerConfig:
     bmc_per_subnet: int = 4  # BMC operations at once per /24 of BMC addresses
     stage_deadline: float = 1800.0  # seconds without a step before a job is stuck
     stuck_check_interval: float = 10.0
+    # Worker lease (resume after a crash, share work between replicas): a replica renews the
+    # lease of the jobs it works every lease_seconds/3; every claim_interval it claims up to
+    # claim_batch worker-phase jobs whose lease expired; a job taken more than max_attempts
+    # times fails instead of crash-looping.
+    lease_seconds: float = 30.0
+    claim_interval: float = 5.0
+    claim_batch: int = 16
+    max_attempts: int = 5
     bmc_scheme: str = "https"
     bmc_verify_tls: bool = False
     bmc_default_user: str = ""
@@ -53,11 +61,12 @@ class ProvisionerConfig:
             bmc_default_user=env("KARIOS_PROVISIONER_BMC_USER", ""),
             bmc_default_password=env("KARIOS_PROVISIONER_BMC_PASSWORD", ""),
         )
-        for name in ("build_concurrency", "bmc_concurrency", "bmc_per_subnet"):
+        for name in ("build_concurrency", "bmc_concurrency", "bmc_per_subnet", "claim_batch", "max_attempts"):
             if env(f"KARIOS_PROVISIONER_{name.upper()}"):
                 setattr(cfg, name, int(env(f"KARIOS_PROVISIONER_{name.upper()}", "1")))
-        if env("KARIOS_PROVISIONER_STAGE_DEADLINE"):
-            cfg.stage_deadline = float(env("KARIOS_PROVISIONER_STAGE_DEADLINE", "1800"))
+        for name in ("stage_deadline", "lease_seconds", "claim_interval"):
+            if env(f"KARIOS_PROVISIONER_{name.upper()}"):
+                setattr(cfg, name, float(env(f"KARIOS_PROVISIONER_{name.upper()}", "1")))
         if env("KARIOS_PROVISIONER_BMC_ENDPOINTS"):
             cfg.bmc_endpoints = json.loads(env("KARIOS_PROVISIONER_BMC_ENDPOINTS", "{}"))
         return cfg

@@ -1,4 +1,15 @@
-"""Job orchestration: admission, media build, BMC mount/boot, installer callbacks, stuck detection."""
+"""Job orchestration: admission, media build, BMC mount/boot, installer callbacks, stuck detection.
+
+Worker phase (queued → building_media → mounting → booting) is owned through a lease in the job
+row, not by the start command: the command is acked once the row exists, and the replica that
+holds the lease (``owner``, ``lease_until``, renewed by a heartbeat) does the work. A replica
+that dies stops renewing; any replica's claim sweep (``SELECT … FOR UPDATE SKIP LOCKED``) then
+takes the job and resumes it from its recorded state: the medium is rebuilt (same token, kept
+encrypted in the row), eject/insert and the boot override are repeated (idempotent), and the
+power reset is sent only by the replica whose ``mounting → booting`` transition committed under
+the row lock with its ownership checked — the state machine allows that move once per job, so a
+machine is reset at most once per job. See docs/provisioning.md "Restarts and replicas".
+"""
 
 from __future__ import annotations
 
@@ -7,7 +18,10 @@ import contextlib
 import hashlib
 import hmac
 import ipaddress
+import os
 import secrets
+import socket
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -41,7 +55,7 @@ from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.drivers import BmcEndpoint, RedfishDriver, driver_for
 from karios.provisioner.media import MediaBuilder, debian_release
 from karios.provisioner.models import Job
-from karios.provisioner.statemachine import INFO, State, is_terminal, transition
+from karios.provisioner.statemachine import INFO, WORKER_STATES, State, is_terminal, transition
 
 log = get_logger(__name__)
 T = Job.__table__  # type: ignore[attr-defined]
@@ -66,6 +80,17 @@ class JobCancelled(Exception):
     pass
 
 
+class LeaseLost(Exception):
+    """Another replica owns the job now (our lease expired): stop without touching the BMC."""
+
+
+def replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+_WORK = [s.value for s in WORKER_STATES]
+
+
 @dataclass
 class JobService:
     bus: Bus
@@ -76,6 +101,10 @@ class JobService:
     driver_factory: Any = None  # (vendor, endpoint) -> RedfishDriver; tests may wrap it
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     mounts: int = 0  # successful mounts (observed by tests)
+    replica: str = field(default_factory=replica_id)  # this worker's lease owner name
+    release_on_stop: bool = True  # hand leases back at a graceful stop (tests emulate a crash)
+    # gate + reset of a job, shielded from cancellation: a stop lets a started reset finish
+    resetting: dict[str, asyncio.Task[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.build_sem = asyncio.Semaphore(self.cfg.build_concurrency)
@@ -108,6 +137,7 @@ class JobService:
             message=message or job.message,
             node_ip=job.os_ip,
             resource_name=job.hostname,
+            attempt=max(1, job.attempts or 1),
         )
         await self.bus.publish_event(
             ev, self.bus.subjects.evt("provision", fact or f"job.{job.state}", job.id), entity=job.id
@@ -121,14 +151,26 @@ class JobService:
         *,
         percent: int | None = None,
         fact: str | None = None,
+        owned: bool = False,
         **values: Any,
     ) -> Job:
-        """Apply one transition of the table (409 if forbidden) and emit its event."""
+        """Apply one transition of the table (409 if forbidden) and emit its event.
+
+        ``owned``: a worker step; only the lease owner may make it (:class:`LeaseLost` otherwise),
+        and it renews the lease while the job stays in the worker phase.
+        """
         async with self.db.session() as s, s.begin():
             job = await s.get(Job, job_id, with_for_update=True)
             if job is None:
                 raise NotFound(f"no job {job_id}")
+            if owned and job.owner != self.replica and not is_terminal(job.state):
+                raise LeaseLost(f"job {job_id} is owned by {job.owner or 'nobody'}")
             new = transition(job.state, target)
+            if new in WORKER_STATES and owned:
+                db_now = (await s.exec(sa.select(sa.func.now()))).one()[0]
+                job.lease_until = db_now + timedelta(seconds=self.cfg.lease_seconds)
+            elif new not in WORKER_STATES:
+                job.lease_until = None  # worker phase over: nothing left to claim
             info = INFO[new]
             job.state = new.value
             job.message = message or info.stage
@@ -140,8 +182,20 @@ class JobService:
         await self.emit(job, fact=fact)
         return job
 
+    def _lease_expr(self) -> Any:
+        """``now() + lease`` on the database clock (replicas' clocks never compared)."""
+        return sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, float(self.cfg.lease_seconds))
+
+    def _spawn(self, job_id: str) -> None:
+        self.tasks[job_id] = asyncio.create_task(self._run(job_id), name=f"job-{job_id}")
+
     # -- command: start -----------------------------------------------------------------
     async def handle_start(self, cmd: StartProvision) -> None:
+        """Record the job (a redelivered command is a no-op) and start working it under our lease.
+
+        The command is acked when this returns: from then on the row is the job's durable
+        record and the lease decides who works it (a crash → another replica resumes it).
+        """
         token = secrets.token_urlsafe(24)
         row = {
             "id": cmd.job_id,
@@ -154,6 +208,10 @@ class JobService:
             "message": "Queued",
             "percent": 0,
             "token_hash": token_hash(token),
+            "token_enc": self.box.encrypt(token, context=f"job-token:{cmd.job_id}"),
+            "owner": self.replica,
+            "lease_until": self._lease_expr(),
+            "attempts": 1,
             "os_ip": "",
             "spec": cmd.model_dump(mode="json"),
             "created_at": _now(),
@@ -185,47 +243,247 @@ class JobService:
                 cmd.job_id, State.failed, f"BMC {cmd.spec.bmc_ip} already has running job {other[0]}"
             )
             return
-        self.tasks[cmd.job_id] = asyncio.create_task(self._run(cmd, token))
+        self._spawn(cmd.job_id)
 
-    async def _check(self, job_id: str) -> None:
-        if (await self.load(job_id)).state == State.cancelled:
+    async def _check(self, job_id: str) -> Job:
+        job = await self.load(job_id)
+        if job.state == State.cancelled:
             raise JobCancelled
+        if job.owner != self.replica and not is_terminal(job.state):
+            raise LeaseLost(f"job {job_id} is owned by {job.owner or 'nobody'}")
+        return job
 
-    async def _run(self, cmd: StartProvision, token: str) -> None:
-        job_id = cmd.job_id
+    async def _job_token(self, job: Job) -> str:
+        """The installer token the medium embeds; the same on every (re)build of the medium."""
+        if job.token_enc:
+            return self.box.decrypt(job.token_enc, context=f"job-token:{job.id}")
+        # A row from before tokens were kept: mint a new one (no medium has been booted yet).
+        token = secrets.token_urlsafe(24)
+        async with self.db.session() as s, s.begin():
+            res = await (await s.connection()).execute(
+                sa.update(T)
+                .where(T.c.id == job.id, T.c.owner == self.replica)
+                .values(
+                    token_hash=token_hash(token),
+                    token_enc=self.box.encrypt(token, context=f"job-token:{job.id}"),
+                )
+            )
+            if res.rowcount != 1:
+                raise LeaseLost(f"job {job.id} is owned by another replica")
+        return token
+
+    async def _run(self, job_id: str) -> None:
+        """Work a job from its recorded state up to booting; safe to run again after a crash.
+
+        queued/building_media: (re)build the medium; mounting: rebuild the medium (it lives on
+        the replica that serves it), eject + insert + read back, boot override (all idempotent);
+        then the gate ``mounting → booting`` (owner-checked, under the row lock, once per job)
+        and only after it commits the one power reset.
+        """
+        mounted = False
+        job: Job | None = None
         try:
+            job = await self._check(job_id)
+            cmd = StartProvision.model_validate(job.spec)
+            token = await self._job_token(job)
+            state = State(job.state)
             async with self.build_sem:
                 await self._check(job_id)
-                await self.move(job_id, State.building_media)
+                if state == State.queued:
+                    await self.move(job_id, State.building_media, owned=True)
+                    state = State.building_media
                 await self.build_medium(cmd, token)
             subnet = self.subnet_sems[subnet_of(cmd.spec.bmc_ip)]
             async with self.bmc_sem, subnet:
                 await self._check(job_id)
-                await self.move(job_id, State.mounting)
+                if state == State.building_media:
+                    await self.move(job_id, State.mounting, owned=True)
                 drv = await self.driver(cmd)
                 async with drv:
+                    mounted = True  # from here a cancel must eject what we may have inserted
                     await drv.mount(f"{self.cfg.media_url.rstrip('/')}/media/{job_id}.iso")
                     self.mounts += 1
                     await drv.set_boot_cd_once()
                     await self._check(job_id)
-                    await self.move(job_id, State.booting, "Medium mounted; resetting into it")
-                    kind = await drv.reset_into_media()
+                    gate = asyncio.create_task(self._gate_and_reset(job_id, drv))
+                    gate.add_done_callback(_retrieve)
+                    self.resetting[job_id] = gate
+                    try:
+                        kind = await asyncio.shield(gate)
+                    finally:
+                        if gate.done():
+                            self.resetting.pop(job_id, None)
                     await drv.wait_power_on()
-                log.info("job booting", job_id=job_id, reset=kind)
-        except (JobCancelled, asyncio.CancelledError):
+                log.info("job booting", job_id=job_id, reset=kind, replica=self.replica)
+        except asyncio.CancelledError:
+            log.info("worker stopping; the job stays claimable", job_id=job_id)
+        except JobCancelled:
             log.info("job cancelled", job_id=job_id)
+            if mounted and job is not None:  # the cancel may have run its cleanup before our insert
+                await self._cleanup_bmc(job)
+        except LeaseLost as exc:
+            log.warning("job lease lost; the owner resumes it", job_id=job_id, reason=str(exc))
         except KariosError as exc:
-            await self._fail(job_id, exc.message)
+            if mounted and job is not None and await self._cancelled(job_id):
+                await self._cleanup_bmc(job)  # e.g. the booting gate refused: cancelled meanwhile
+            else:
+                await self._fail(job_id, exc.message)
         except Exception as exc:
             log.exception("job failed", job_id=job_id)
             await self._fail(job_id, f"internal error: {type(exc).__name__}")
         finally:
-            self.tasks.pop(job_id, None)
+            if self.tasks.get(job_id) is asyncio.current_task():
+                self.tasks.pop(job_id, None)
+
+    async def _cancelled(self, job_id: str) -> bool:
+        try:
+            return (await self.load(job_id)).state == State.cancelled
+        except KariosError:
+            return False
+
+    async def _gate_and_reset(self, job_id: str, drv: RedfishDriver) -> str:
+        """``mounting → booting`` as the lease owner (once per job, row-locked), then the reset."""
+        await self.move(
+            job_id, State.booting, "Medium mounted; resetting into it", owned=True, reset_at=_now()
+        )
+        return await drv.reset_into_media()
 
     async def _fail(self, job_id: str, message: str) -> None:
-        with contextlib.suppress(Conflict, NotFound):
-            await self.move(job_id, State.failed, message)
+        try:
+            await self.move(job_id, State.failed, message, owned=True)
+        except LeaseLost:
+            return  # the job is another replica's now: its medium may be the one in use
+        except (Conflict, NotFound):
+            pass
         self.media.remove(job_id)
+
+    # -- leases: heartbeat, claim sweep, graceful hand-over --------------------------------
+    async def heartbeat(self) -> list[str]:
+        """Renew the lease of every job this replica works; stop tasks whose lease was taken."""
+        ids = list(self.tasks)
+        if not ids:
+            return []
+        async with self.db.session() as s, s.begin():
+            conn = await s.connection()
+            renewed = {
+                r[0]
+                for r in await conn.execute(
+                    sa.update(T)
+                    .where(T.c.id.in_(ids), T.c.owner == self.replica, T.c.state.in_(_WORK))
+                    .values(lease_until=self._lease_expr())
+                    .returning(T.c.id)
+                )
+            }
+            rest = [i for i in ids if i not in renewed]
+            lost = (
+                [
+                    r[0]
+                    for r in await conn.execute(
+                        sa.select(T.c.id).where(
+                            T.c.id.in_(rest), T.c.owner != self.replica, T.c.state.in_(_WORK)
+                        )
+                    )
+                ]
+                if rest
+                else []
+            )
+        for job_id in lost:
+            task = self.tasks.get(job_id)
+            if task is not None:
+                log.warning("job lease taken by another replica; stopping here", job_id=job_id)
+                task.cancel()
+        return lost
+
+    async def claim_expired(self, limit: int | None = None) -> list[tuple[str, int]]:
+        """Take worker-phase jobs whose lease expired (or was handed back): (job id, attempts).
+
+        ``FOR UPDATE SKIP LOCKED`` in one UPDATE: two replicas sweeping at once never take the
+        same job; the lease is compared with the database clock.
+        """
+        pick = (
+            sa.select(T.c.id)
+            .where(
+                T.c.state.in_(_WORK),
+                sa.or_(T.c.lease_until.is_(None), T.c.lease_until < sa.func.now()),
+            )
+            .order_by(T.c.created_at)
+            .limit(limit or self.cfg.claim_batch)
+            .with_for_update(skip_locked=True)
+        )
+        async with self.db.session() as s, s.begin():
+            rows = await (await s.connection()).execute(
+                sa.update(T)
+                .where(T.c.id.in_(pick.scalar_subquery()))
+                .values(owner=self.replica, lease_until=self._lease_expr(), attempts=T.c.attempts + 1)
+                .returning(T.c.id, T.c.attempts)
+            )
+            return [(r[0], r[1]) for r in rows]
+
+    async def resume_expired(self) -> list[str]:
+        """Claim expired jobs and resume each from its recorded state. Returns the job ids."""
+        resumed = []
+        for job_id, attempts in await self.claim_expired():
+            if job_id in self.tasks and not self.tasks[job_id].done():
+                continue  # our own task outlived a missed heartbeat: it still runs
+            if attempts > self.cfg.max_attempts:
+                with contextlib.suppress(Conflict, NotFound, LeaseLost):
+                    await self.move(
+                        job_id,
+                        State.failed,
+                        f"gave up after {attempts - 1} worker attempts (provisioner restarts)",
+                        owned=True,
+                    )
+                self.media.remove(job_id)
+                continue
+            job = await self.load(job_id)
+            log.info("resuming job", job_id=job_id, state=job.state, attempt=attempts, replica=self.replica)
+            await self.emit(
+                job,
+                f"{INFO[State(job.state)].stage}: resumed by another worker (attempt {attempts})",
+                fact="job.resumed",
+            )
+            self._spawn(job_id)
+            resumed.append(job_id)
+        return resumed
+
+    async def lease_loop(self) -> None:
+        """Heartbeat every lease/3 and claim expired jobs every ``claim_interval`` (first: now)."""
+        loop = asyncio.get_running_loop()
+        tick = max(0.05, min(self.cfg.claim_interval, self.cfg.lease_seconds / 3))
+        next_claim = 0.0
+        while True:
+            try:
+                await self.heartbeat()
+                if loop.time() >= next_claim:
+                    next_claim = loop.time() + self.cfg.claim_interval
+                    await self.resume_expired()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # DB or bus blip: try again next tick
+                log.warning("lease upkeep failed", error=f"{type(exc).__name__}: {exc}"[:300])
+            await asyncio.sleep(tick)
+
+    async def stop(self, grace: float = 15.0) -> None:
+        """Stop working: a power reset in flight is allowed to finish, everything else is
+        cancelled, and (graceful stop) our leases are handed back so another replica resumes
+        the jobs at once instead of after the lease expires."""
+        pending = [t for t in self.tasks.values() if not t.done()]
+        for t in pending:
+            t.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*pending, return_exceptions=True)
+        gates = [g for g in self.resetting.values() if not g.done()]
+        if gates:  # shielded: a reset already decided is sent, not cut in half
+            await asyncio.wait(gates, timeout=grace)
+        self.resetting.clear()
+        if self.release_on_stop:
+            with contextlib.suppress(Exception):
+                async with self.db.session() as s, s.begin():
+                    await (await s.connection()).execute(
+                        sa.update(T)
+                        .where(T.c.owner == self.replica, T.c.state.in_(_WORK))
+                        .values(lease_until=None)
+                    )
 
     async def build_medium(self, cmd: StartProvision, token: str) -> None:
         spec = cmd.spec
@@ -337,6 +595,17 @@ class JobService:
         if newer is not None:
             raise Conflict(f"job {job.id} was superseded by job {newer[0]} for BMC {job.bmc_ip}")
 
+    async def _older_attempt(self, bmc_ip: str, token: str) -> None:
+        """409 when ``token`` belongs to an earlier job of this BMC (a superseded attempt)."""
+        async with self.db.session() as s:
+            old = (
+                await s.exec(
+                    sa.select(T.c.id).where(T.c.bmc_ip == bmc_ip, T.c.token_hash == token_hash(token))
+                )
+            ).first()
+        if old is not None:
+            raise Conflict(f"job {old[0]} was superseded by a newer job for BMC {bmc_ip}")
+
     async def step(self, req: CallbackRequest) -> JobView:
         job = await self.load(req.job_id)
         self._verify(job, req.token)
@@ -382,6 +651,8 @@ class JobService:
         if row is None:
             raise NotFound(f"no job for BMC {req.bmc_ip}")
         job = await self.load(row[0])
+        if req.token and not hmac.compare_digest(token_hash(req.token), job.token_hash):
+            await self._older_attempt(req.bmc_ip, req.token)
         self._verify(job, req.token)
         if job.state in (State.booting, State.installing):
             raise Conflict(f"job {job.id} has not finished installing")
@@ -478,6 +749,12 @@ class JobService:
                 await self.check_stuck()
             except (ServiceUnavailable, OSError) as exc:
                 log.warning("stuck check failed", error=str(exc))
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a shielded task's outcome as seen (its awaiter may be gone after a stop)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _view(job: Job) -> JobView:

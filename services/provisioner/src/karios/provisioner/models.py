@@ -34,6 +34,13 @@ class Job(SQLModel, table=True):
     os_ip: str = Field(default="", max_length=64)
     os_password_enc: str | None = None
     stage_deadline: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
+    # Worker phase (queued → building_media → mounting → booting): the replica working the job
+    # holds a lease it renews; an expired lease lets any replica claim and resume the job.
+    owner: str = Field(default="", max_length=128)
+    lease_until: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
+    attempts: int = 0  # how many times a worker took the job (first run = 1)
+    token_enc: str | None = None  # the installer token, SecretBox context "job-token:<id>"
+    reset_at: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))  # power reset
     spec: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
     created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
     updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))

@@ -49,6 +49,9 @@ INFO: dict[State, StateInfo] = {
 }
 
 _ACTIVE = {S.queued, S.building_media, S.mounting, S.booting, S.installing, S.first_boot, S.stuck}
+# The worker phase: a provisioner replica holds a lease on these and resumes them after a crash.
+# From booting on the job waits for the installer (callbacks + stage deadline), not for a worker.
+WORKER_STATES = frozenset({S.queued, S.building_media, S.mounting})
 
 # The one table. Every non-terminal state may fail or be cancelled; a stuck job comes back
 # when the installer reports again.

@@ -134,7 +134,9 @@ class DeleteResult(BaseModel):
     deleted: bool
     message: str
     released_vteps: int = 0
-    teardown_job_id: str = Field("", description="Whole-fabric teardown job started ('' = none)")
+    teardown_job_id: str = Field(
+        "", description="Whole-fabric teardown job queued (durable command; '' = none)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,6 +357,17 @@ class StartFabricApply(Command):
     TYPE = "karios.fabric.start_apply.v1"
     job_id: str
     node_ip: str = ""
+    caller: str = ""
+
+
+class StartFabricTeardown(Command):
+    """Remove the fabric from ``node_ips`` (durable: sent by ``DELETE /fabric-config``, retried
+    after a worker restart). Credentials are looked up when it runs; no secret travels."""
+
+    TYPE = "karios.fabric.start_teardown.v1"
+    job_id: str
+    node_ips: list[str] = Field(default_factory=list)
+    vnis: list[int] = Field(default_factory=list)
     caller: str = ""
 
 

@@ -71,7 +71,7 @@ class JobProgress(Event):
     message: str = ""
     node_ip: str = ""
     resource_name: str = ""
-    attempt: int = 1
+    attempt: int = 1  # which worker attempt (2+ after a provisioner restart handed the job over)
 
 
 class CallbackRequest(Query):

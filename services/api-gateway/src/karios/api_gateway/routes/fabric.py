@@ -103,7 +103,14 @@ async def post_fabric_config(
     "",
     response_model=DeleteResult,
     summary="Delete network fabric configuration",
-    responses={404: {"description": "No fabric configuration stored"}, **_ERRORS},
+    description="Hard delete. When nodes hold VTEP addresses, their teardown is queued as a durable "
+    "job (`teardown_job_id`; progress on SSE channel fabric, result on GET /fabric-config/latest): it "
+    "survives a worker restart and is retried.",
+    responses={
+        404: {"description": "No fabric configuration stored"},
+        409: {"description": "A fabric apply/teardown is running"},
+        **_ERRORS,
+    },
 )
 async def delete_fabric_config(
     request: Request, principal: Principal = Depends(require(Role.fabric_admin))

@@ -114,7 +114,9 @@ async def apply(
     response_model=CancelAccepted,
     summary="Cancel an in-flight fabric apply",
     description="202 at once; nodes roll back asynchronously (apply_cancelling → apply_cancelled on SSE). "
-    "Idempotent; 404 when job_id is not the in-flight apply.",
+    "Idempotent; 404 when job_id is not the in-flight apply. Any fabric-worker replica answers (the job "
+    "row is the source of truth); the replica running the apply gets the cancel by broadcast, and "
+    "polls the stored cancel flag as a backstop.",
     responses={404: {"description": "Not the in-flight apply"}, **_ERRORS},
 )
 async def cancel(

@@ -151,3 +151,23 @@ def find_underlay(facts: NodeFacts, underlay_cidr: str) -> list[UnderlayMatch]:
             if ipaddress.IPv4Interface(addr).ip in net:
                 matches.append(UnderlayMatch(iface.name, iface.mtu, addr, iface.kind == "bridge"))
     return sorted(matches, key=lambda m: (not m.is_bridge, m.iface))
+
+
+def facts_to_dict(facts: NodeFacts) -> dict:
+    """JSON-able form of `facts` (a baseline kept across a worker restart)."""
+    return dataclasses.asdict(facts)
+
+
+def facts_from_dict(data: dict) -> NodeFacts:
+    """Inverse of :func:`facts_to_dict`."""
+    interfaces = {
+        name: Interface(**{**i, "ipv4": tuple(i.get("ipv4", ()))})
+        for name, i in (data.get("interfaces") or {}).items()
+    }
+    return NodeFacts(
+        hostname=data.get("hostname", ""),
+        interfaces=interfaces,
+        frr_installed=bool(data.get("frr_installed")),
+        frr_pids={k: int(v) for k, v in (data.get("frr_pids") or {}).items()},
+        files=dict(data.get("files") or {}),
+    )

@@ -229,4 +229,4 @@ def allocate_vteps(
     return dict(sorted(result.items(), key=lambda kv: ipaddress.ip_address(kv[0])))
 
 
-OverrideMode = Literal["reuse", "override", "needs_override", "unreachable"]
+OverrideMode = Literal["reuse", "needs_override", "unreachable"]

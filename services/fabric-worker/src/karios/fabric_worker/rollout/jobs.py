@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from karios.common.errors import Conflict, NotFound
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, NodeTarget
 from karios.fabric_worker.rollout.node import (
+    BaselineFn,
     NodeEvent,
     NodeResult,
     NodeRollout,
@@ -86,8 +87,10 @@ class ApplyJob:
         options: RolloutOptions | None = None,
         sink: EventSink | None = None,
         job_id: str | None = None,
+        before_change: BaselineFn | None = None,
     ) -> None:
         self.job_id = job_id or str(uuid.uuid4())
+        self._before_change = before_change
         self.intent = intent
         self.nodes = list(nodes)
         self.vteps = dict(vtep_allocations)
@@ -107,6 +110,10 @@ class ApplyJob:
     @property
     def running(self) -> bool:
         return self.summary.job_status is JobStatus.RUNNING
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancelled
 
     async def _emit(self, state: str, *, node_ip: str = "", fqdn: str = "", message: str = "") -> None:
         self.summary = self.summary.model_copy(update={"state": state})
@@ -149,6 +156,7 @@ class ApplyJob:
                     override=self.overrides.get(t.node_ip),
                     options=self.options,
                     progress=self._on_node,
+                    before_change=self._before_change,
                 )
             )
 
@@ -195,13 +203,14 @@ class ApplyJob:
 
 
 async def run_teardown_job(
-    intent: FabricIntent,
+    intent: FabricIntent | None,
     nodes: Sequence[NodeTarget],
     *,
     concurrency: int = 16,
     options: RolloutOptions | None = None,
     sink: EventSink | None = None,
     job_id: str | None = None,
+    vnis: tuple[int, ...] = (),
 ) -> JobSummary:
     """Remove the fabric from every node (used by `DELETE /fabric-config`)."""
     sink = sink or _discard
@@ -227,7 +236,7 @@ async def run_teardown_job(
     async def one(t: NodeTarget) -> None:
         nonlocal summary
         async with sem:
-            res = await teardown_node(t, intent, options=options)
+            res = await teardown_node(t, intent, options=options, vnis=vnis)
         node = JobNode(
             node_ip=t.node_ip,
             fqdn=res.fqdn,
@@ -273,10 +282,28 @@ class JobRegistry:
 
     def cancel(self, job_id: str) -> None:
         """Idempotent; NotFound when `job_id` is not the in-flight apply."""
+        if not self.cancel_local(job_id):
+            raise NotFound(f"no in-flight fabric apply {job_id}")
+
+    def cancel_local(self, job_id: str) -> bool:
+        """Cancel `job_id` when it runs in this process (idempotent); False otherwise."""
         job = self._inflight
         if job is None or job.job_id != job_id or not job.running:
-            raise NotFound(f"no in-flight fabric apply {job_id}")
+            return False
         job.cancel()
+        return True
+
+    def running_job(self) -> ApplyJob | None:
+        return self._inflight if self._inflight is not None and self._inflight.running else None
+
+    async def halt(self) -> None:
+        """Stop the in-flight apply where it stands, without rollback (worker shutdown): its
+        baselines are persisted, so a peer (or this worker after a restart) rolls it back."""
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
     def current(self) -> JobSummary | None:
         if self._inflight is not None and self._inflight.running:

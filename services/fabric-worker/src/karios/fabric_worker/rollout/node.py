@@ -68,6 +68,9 @@ class NodeEvent:
 
 
 ProgressFn = Callable[[NodeEvent], Awaitable[None]]
+BaselineFn = Callable[[str, NodeFacts], Awaitable[None]]
+"""Called with (node_ip, baseline) right before the first change to a node; raising a
+KariosError fails the node untouched (the baseline must be kept before anything changes)."""
 
 
 async def _no_progress(_: NodeEvent) -> None:
@@ -91,6 +94,20 @@ class NodeResult(BaseModel):
     duration_s: float = 0.0
 
 
+async def apply_frr_plan(s: NodeSession, plan: FrrPlan, limit_s: float) -> None:
+    """Write/delete the managed files and start/restart/reload/stop FRR (stop before writing)."""
+    stop_first = plan.action is FrrAction.STOP
+    if stop_first:
+        await s.run(frr_action_command(plan.action) or "true", limit_s=limit_s)
+    for name in MANAGED_FILES:
+        if name in plan.writes:
+            content = plan.writes[name]
+            await s.run(write_file_command(name, content), input=content, limit_s=limit_s)
+    cmd = None if stop_first else frr_action_command(plan.action)
+    if cmd:
+        await s.run(cmd, limit_s=limit_s)
+
+
 class NodeRollout:
     """Applies the intent to one node and can put the node back to how it was before."""
 
@@ -103,8 +120,11 @@ class NodeRollout:
         override: NodeOverride | None = None,
         options: RolloutOptions | None = None,
         progress: ProgressFn | None = None,
+        before_change: BaselineFn | None = None,
     ) -> None:
         self.target = target
+        self._before_change = before_change
+        self._baseline_kept = False
         self.intent = intent
         self.vtep_ip = vtep_ip
         self.override = override
@@ -157,18 +177,12 @@ class NodeRollout:
             await s.run("set -e\n" + "\n".join(cmds), limit_s=self.options.command_timeout)
 
     async def _apply_frr(self, s: NodeSession, plan: FrrPlan) -> None:
-        stop_first = plan.action is FrrAction.STOP
-        if stop_first:
-            await s.run(frr_action_command(plan.action) or "true", limit_s=self.options.command_timeout)
-        for name in MANAGED_FILES:
-            if name in plan.writes:
-                content = plan.writes[name]
-                await s.run(
-                    write_file_command(name, content), input=content, limit_s=self.options.command_timeout
-                )
-        cmd = None if stop_first else frr_action_command(plan.action)
-        if cmd:
-            await s.run(cmd, limit_s=self.options.command_timeout)
+        await apply_frr_plan(s, plan, self.options.command_timeout)
+
+    async def _keep_baseline(self) -> None:
+        if not self._baseline_kept and self._before_change is not None and self.baseline is not None:
+            await self._before_change(self.target.node_ip, self.baseline)
+        self._baseline_kept = True
 
     def _check_abort(self, abort: asyncio.Event | None) -> None:
         if abort is not None and abort.is_set():
@@ -209,6 +223,7 @@ class NodeRollout:
         iface, mtu = self._underlay(facts)
         self._check_abort(abort)
         if not facts.frr_installed:
+            await self._keep_baseline()
             await self._emit("node_installing_frr")
             r.touched = True
             await s.run(INSTALL_FRR_SCRIPT, limit_s=opts.install_timeout)
@@ -227,6 +242,7 @@ class NodeRollout:
             await self._emit("node_unchanged", "running config equals the rendered config")
         else:
             self._check_abort(abort)
+            await self._keep_baseline()
             await self._emit("node_committing", f"{len(plan.writes)} file(s), {len(net)} link change(s)")
             r.touched = r.changed = True
             await self._run_script(s, net)
@@ -267,24 +283,63 @@ class NodeRollout:
         """Put the node back to its baseline (previous files, FRR state, vtep0/VXLAN devices)."""
         if self.baseline is None:
             return
-        await self._emit("node_rolling_back")
-        try:
-            async with self._session() as s:
-                current = await self._discover(s)
-                plan = frr_rollback_plan(self.baseline, current)
-                net = network_commands(current, baseline_network(self.baseline, self.intent.vnis))
-                if plan.action is FrrAction.STOP:
-                    await self._apply_frr(s, plan)
-                    await self._run_script(s, net)
-                else:
-                    await self._run_script(s, net)
-                    await self._apply_frr(s, plan)
+        ok, msg = await rollback_node(
+            self.target,
+            self.baseline,
+            self.intent.vnis,
+            options=self.options,
+            secrets=self._secrets,
+            progress=self._progress,
+            fqdn=self.result.fqdn,
+        )
+        if ok:
             self.result.rolled_back = True
-            await self._emit("node_rolled_back")
-        except KariosError as exc:
-            msg = redact(exc.message, self._secrets)
+        else:
             self.result.error = f"{self.result.error}; rollback failed: {msg}".lstrip("; ")
-            await self._emit("node_rollback_failed", msg)
+
+
+async def rollback_node(
+    target: NodeTarget,
+    baseline: NodeFacts,
+    vnis: tuple[int, ...],
+    *,
+    options: RolloutOptions | None = None,
+    secrets: list[str] | None = None,
+    progress: ProgressFn | None = None,
+    fqdn: str = "",
+) -> tuple[bool, str]:
+    """Restore one node to `baseline` (files byte for byte, FRR running or not, vtep0 and the
+    VXLAN devices). Idempotent: a node already at its baseline gets no change. Used by an
+    aborted apply and by a peer recovering a crashed worker's apply (persisted baseline)."""
+    opts = options or RolloutOptions()
+    emit = progress or _no_progress
+    secret_list = list(secrets or [])
+    label = fqdn or target.fqdn
+    await emit(NodeEvent(target.node_ip, label, "node_rolling_back"))
+    try:
+        async with open_session(target, connect_timeout=opts.connect_timeout, secrets=secret_list) as s:
+            try:
+                current = parse_facts((await s.run(DISCOVER_SCRIPT, limit_s=opts.command_timeout)).stdout)
+            except ValueError as exc:
+                raise FabricVerifyFailed(f"{target.label}: unexpected discovery output: {exc}") from None
+            plan = frr_rollback_plan(baseline, current)
+            net = network_commands(current, baseline_network(baseline, tuple(vnis)))
+            script = ("set -e\n" + "\n".join(net)) if net else ""
+
+            if plan.action is FrrAction.STOP:
+                await apply_frr_plan(s, plan, opts.command_timeout)
+                if script:
+                    await s.run(script, limit_s=opts.command_timeout)
+            else:
+                if script:
+                    await s.run(script, limit_s=opts.command_timeout)
+                await apply_frr_plan(s, plan, opts.command_timeout)
+        await emit(NodeEvent(target.node_ip, label, "node_rolled_back"))
+        return True, ""
+    except KariosError as exc:
+        msg = redact(exc.message, secret_list)
+        await emit(NodeEvent(target.node_ip, label, "node_rollback_failed", msg))
+        return False, msg
 
 
 # -- teardown ------------------------------------------------------------------------------
@@ -300,14 +355,21 @@ class TeardownResult(BaseModel):
 
 
 async def teardown_node(
-    target: NodeTarget, intent: FabricIntent, *, options: RolloutOptions | None = None
+    target: NodeTarget,
+    intent: FabricIntent | None,
+    *,
+    options: RolloutOptions | None = None,
+    vnis: tuple[int, ...] = (),
 ) -> TeardownResult:
     """Stop FRR, remove the managed /etc/frr files, vtep0 and the VXLAN devices. The FRR
-    package itself stays installed."""
+    package itself stays installed. Without an intent (the config is already deleted), the
+    VNIs to remove are `vnis` plus whatever VXLAN devices the node has."""
     opts = options or RolloutOptions()
+    secrets = intent.secrets() if intent is not None else []
+    vnis = intent.vnis if intent is not None else tuple(vnis)
     res = TeardownResult(node_ip=target.node_ip, fqdn=target.fqdn)
     try:
-        async with open_session(target, connect_timeout=opts.connect_timeout, secrets=intent.secrets()) as s:
+        async with open_session(target, connect_timeout=opts.connect_timeout, secrets=secrets) as s:
             facts = parse_facts((await s.run(DISCOVER_SCRIPT, limit_s=opts.command_timeout)).stdout)
             res.fqdn = res.fqdn or facts.hostname
             if facts.frr_running:
@@ -318,7 +380,7 @@ async def teardown_node(
                 await s.run(write_file_command(name, None), limit_s=opts.command_timeout)
             if present:
                 res.steps.append("frr_config_removed")
-            managed = tuple(sorted(set(intent.vnis) | set(facts.vxlan_vnis())))
+            managed = tuple(sorted(set(vnis) | set(facts.vxlan_vnis())))
             cmds = network_commands(facts, DesiredNetwork(vtep_ip=None, managed_vnis=managed))
             if cmds:
                 await s.run("set -e\n" + "\n".join(cmds), limit_s=opts.command_timeout)
@@ -329,7 +391,7 @@ async def teardown_node(
         res.reachable = False
         res.message = exc.message
     except KariosError as exc:
-        res.message = redact(exc.message, intent.secrets())
+        res.message = redact(exc.message, secrets)
     return res
 
 

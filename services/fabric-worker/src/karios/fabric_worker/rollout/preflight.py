@@ -62,8 +62,8 @@ class PreflightResult(BaseModel):
 def resolve_node(
     target: NodeTarget, facts: NodeFacts, underlay_cidr: str, override: NodeOverride | None
 ) -> PreflightNode:
-    """reuse: a bridge holds an address in the CIDR; override: the operator named the
-    underlay and it exists; otherwise needs_override with the reason."""
+    """reuse: a bridge holds an address in the CIDR, or the operator's node_overrides entry
+    names an underlay that exists (reason says so); otherwise needs_override with the reason."""
     base = {"node_ip": target.node_ip, "fqdn": target.fqdn or facts.hostname}
     if override is not None:
         iface = facts.interfaces.get(override.underlay_bridge_name or override.underlay_iface_hint)
@@ -72,8 +72,15 @@ def resolve_node(
             return PreflightNode(
                 **base, mode="needs_override", needs_override=True, reason=f"override names {name!r}, absent"
             )
+        # The seed's modes are reuse / needs_override / unreachable and `ready` is "every node
+        # reuse": a working override resolves the node to an existing underlay, so it is reuse.
         return PreflightNode(
-            **base, mode="override", bridge=iface.name, bridge_mtu=iface.mtu, underlay_ip=override.underlay_ip
+            **base,
+            mode="reuse",
+            bridge=iface.name,
+            bridge_mtu=iface.mtu,
+            underlay_ip=override.underlay_ip,
+            reason=f"resolved by node_overrides ({name})",
         )
     matches = find_underlay(facts, underlay_cidr)
     bridges = [m for m in matches if m.is_bridge]
@@ -117,7 +124,7 @@ def summarize(
         underlay_mtu=underlay_mtu,
         mtu_drift=drift,
         vtep_pool=vtep_pool_status(router_id_base, router_id_prefix_len, expected_nodes or len(nodes)),
-        ready=bool(nodes) and all(n.mode in ("reuse", "override") for n in nodes),
+        ready=bool(nodes) and all(n.mode == "reuse" for n in nodes),
         frr_hmac_sha_capable=all(probes) if probes else None,
     )
 
