@@ -93,15 +93,18 @@ def _cpu_times() -> tuple[int, int]:
 
 class LoadSampler:
     """CPU over a window: whole machine busy % (/proc/stat), and the share of it used by other
-    processes: not this benchmark or its children, not inside a lab namespace, not one of its ssh
+    processes: not this benchmark or its children, not inside this lab's namespaces, not one of its ssh
     masters, not a kernel thread. Per-process CPU is sampled every `interval` s (processes born and
     gone between two samples are missed, ours and others' alike)."""
 
-    def __init__(self, interval: float = 0.5) -> None:
+    def __init__(self, lab, interval: float = 0.5) -> None:
         self.interval = interval
+        self._lab_nets = set()
+        for ns in [n.netns for n in lab.nodes] + [lab.fabric_netns]:
+            with contextlib.suppress(OSError):
+                self._lab_nets.add(f"net:[{os.stat(f'/run/netns/{ns}').st_ino}]")
         self.busy = self.others = 0.0
         self._me = os.getpid()
-        self._root_net = os.readlink("/proc/self/ns/net")
         self._class: dict[int, str] = {}
         self._other_ticks = 0
         self._stop = threading.Event()
@@ -134,8 +137,8 @@ class LoadSampler:
             p, hops = procs.get(p, (0, 0))[0], hops + 1
         if kind == "other":
             with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{pid}/ns/net") != self._root_net:
-                    kind = "ours"  # lab nodes / RR (no other netns exists unless another lab runs)
+                if os.readlink(f"/proc/{pid}/ns/net") in self._lab_nets:
+                    kind = "ours"  # this lab's nodes and RR (another lab's count as others)
             with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as fh:
                 if b"karios-bench-ansible-" in fh.read():
                     kind = "ours"  # ssh ControlPersist masters (re-parented)
@@ -578,7 +581,7 @@ def measure(lab, row: Row, intent: FabricIntent, venv: str, *, pipelining: bool,
 
     # (a) Karios
     t0 = time.monotonic()
-    with LoadSampler() as load, RrWatch(lab, t0) as watch:
+    with LoadSampler(lab) as load, RrWatch(lab, t0) as watch:
         summary = karios_apply(intent, targets, vteps)
         row.karios_s = time.monotonic() - t0
     row.karios_cpu, row.karios_others = load.busy, load.others
@@ -608,7 +611,7 @@ def measure(lab, row: Row, intent: FabricIntent, venv: str, *, pipelining: bool,
     project = AnsibleProject(venv, lab, intent, vteps, pipelining=pipelining)
     try:
         t0 = time.monotonic()
-        with LoadSampler() as load, RrWatch(lab, t0) as watch:
+        with LoadSampler(lab) as load, RrWatch(lab, t0) as watch:
             first = project.run("apply")
         row.ansible_cpu, row.ansible_others = load.busy, load.others
         if not first.ok:

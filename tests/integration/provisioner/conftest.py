@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import re
 import subprocess
@@ -94,11 +93,12 @@ async def replicas(settings, tmp_path_factory):  # type: ignore[no-untyped-def]
 
     async def start(cfg: ProvisionerConfig, prepare=None):  # type: ignore[no-untyped-def]
         port = free_port()
-        own = dataclasses.replace(
-            cfg,
-            media_dir=tmp_path_factory.mktemp("replica-media"),
-            media_url=f"http://127.0.0.1:{port}",
-            bmc_endpoints=dict(cfg.bmc_endpoints),
+        own = cfg.model_copy(
+            update={
+                "media_dir": tmp_path_factory.mktemp("replica-media"),
+                "media_url": f"http://127.0.0.1:{port}",
+                "bmc_endpoints": dict(cfg.bmc_endpoints),
+            }
         )
         app = provisioner_app(settings, own)
         if prepare is not None:

@@ -1,72 +1,74 @@
-"""Provisioner-only settings (``KARIOS_PROVISIONER_*``); tests build their own and may edit them."""
+"""Provisioner-only settings (pydantic-settings, ``KARIOS_PROVISIONER_*``).
+
+Build with :meth:`ProvisionerConfig.from_env` in the app factory: URLs and directories left
+unset are derived from the shared :class:`KariosSettings`. Tests build their own and may edit them.
+"""
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from karios.common.settings import KariosSettings
 
 
-@dataclass
-class ProvisionerConfig:
-    media_url: str = ""  # base URL BMCs fetch media from (this service's own HTTP)
-    callback_url: str = ""  # gateway base URL the installer calls (…/controlnode is appended)
-    cache_dir: Path = Path("provisioner-cache")
-    media_dir: Path = Path("provisioner-media")
-    build_concurrency: int = 2  # media builds at once (CPU/disk bound)
-    bmc_concurrency: int = 16  # BMC operations at once, all BMCs
-    bmc_per_subnet: int = 4  # BMC operations at once per /24 of BMC addresses
-    stage_deadline: float = 1800.0  # seconds without a step before a job is stuck
-    stuck_check_interval: float = 10.0
+class ProvisionerConfig(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KARIOS_PROVISIONER_", extra="ignore", populate_by_name=True)
+
+    media_url: str = Field(
+        "", description="Base URL BMCs fetch media from (default: this service's own HTTP)"
+    )
+    callback_url: str = Field(
+        "", description="Gateway base URL the installer calls (default: KARIOS_PUBLIC_URL or the gateway)"
+    )
+    cache_dir: Path | None = Field(
+        None, description="Cached base artifacts (default: <state dir>/provisioner/cache)"
+    )
+    media_dir: Path | None = Field(
+        None, description="Built per-host media (default: <state dir>/provisioner/media)"
+    )
+    build_concurrency: int = Field(2, ge=1, description="Media builds at once (CPU/disk bound)")
+    bmc_concurrency: int = Field(16, ge=1, description="BMC operations at once, all BMCs")
+    bmc_per_subnet: int = Field(4, ge=1, description="BMC operations at once per /24 of BMC addresses")
+    stage_deadline: float = Field(1800.0, gt=0, description="Seconds without a step before a job is stuck")
+    stuck_check_interval: float = Field(10.0, gt=0)
     # Worker lease (resume after a crash, share work between replicas): a replica renews the
     # lease of the jobs it works every lease_seconds/3; every claim_interval it claims up to
     # claim_batch worker-phase jobs whose lease expired; a job taken more than max_attempts
     # times fails instead of crash-looping.
-    lease_seconds: float = 30.0
-    claim_interval: float = 5.0
-    claim_batch: int = 16
-    max_attempts: int = 5
+    lease_seconds: float = Field(
+        30.0, gt=0, description="Job lease; an expired lease lets another replica resume"
+    )
+    claim_interval: float = Field(5.0, gt=0, description="Seconds between sweeps for expired leases")
+    claim_batch: int = Field(16, ge=1, description="Jobs claimed per sweep")
+    max_attempts: int = Field(5, ge=1, description="Takeovers before a job fails instead of crash-looping")
     bmc_scheme: str = "https"
     bmc_verify_tls: bool = False
-    bmc_default_user: str = ""
-    bmc_default_password: str = ""
-    bmc_timeout: float = 10.0
-    bmc_retries: int = 3
-    bmc_backoff: float = 0.5
-    power_deadline: float = 120.0
-    # per-BMC overrides: {"10.0.0.5": {"url": "https://…", "system_id": "…", "verify_tls": true,
-    #                                  "username": "…", "password": "…"}}
-    bmc_endpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bmc_default_user: str = Field("", validation_alias=AliasChoices("bmc_user", "bmc_default_user"))
+    bmc_default_password: str = Field(
+        "", validation_alias=AliasChoices("bmc_password", "bmc_default_password"), repr=False
+    )
+    bmc_timeout: float = Field(10.0, gt=0)
+    bmc_retries: int = Field(3, ge=0)
+    bmc_backoff: float = Field(0.5, ge=0)
+    power_deadline: float = Field(120.0, gt=0)
+    # per-BMC overrides (JSON): {"10.0.0.5": {"url": "https://…", "system_id": "…", "verify_tls": true,
+    #                                         "username": "…", "password": "…"}}
+    bmc_endpoints: dict[str, dict[str, Any]] = Field(default_factory=dict, repr=False)
     mirror_host: str = "deb.debian.org"
     mirror_dir: str = "/debian"
 
     @classmethod
     def from_env(cls, settings: KariosSettings) -> ProvisionerConfig:
-        env = os.environ.get
+        cfg = cls()
         base = settings.state_dir / "provisioner"
-        cfg = cls(
-            media_url=env(
-                "KARIOS_PROVISIONER_MEDIA_URL", f"http://{settings.host}:{settings.provisioner_port}"
-            ),
-            callback_url=env(
-                "KARIOS_PROVISIONER_CALLBACK_URL",
-                settings.public_url or f"http://{settings.host}:{settings.gateway_port}",
-            ),
-            cache_dir=Path(env("KARIOS_PROVISIONER_CACHE_DIR", str(base / "cache"))),
-            media_dir=Path(env("KARIOS_PROVISIONER_MEDIA_DIR", str(base / "media"))),
-            bmc_default_user=env("KARIOS_PROVISIONER_BMC_USER", ""),
-            bmc_default_password=env("KARIOS_PROVISIONER_BMC_PASSWORD", ""),
+        cfg.media_url = cfg.media_url or f"http://{settings.host}:{settings.provisioner_port}"
+        cfg.callback_url = (
+            cfg.callback_url or settings.public_url or f"http://{settings.host}:{settings.gateway_port}"
         )
-        for name in ("build_concurrency", "bmc_concurrency", "bmc_per_subnet", "claim_batch", "max_attempts"):
-            if env(f"KARIOS_PROVISIONER_{name.upper()}"):
-                setattr(cfg, name, int(env(f"KARIOS_PROVISIONER_{name.upper()}", "1")))
-        for name in ("stage_deadline", "lease_seconds", "claim_interval"):
-            if env(f"KARIOS_PROVISIONER_{name.upper()}"):
-                setattr(cfg, name, float(env(f"KARIOS_PROVISIONER_{name.upper()}", "1")))
-        if env("KARIOS_PROVISIONER_BMC_ENDPOINTS"):
-            cfg.bmc_endpoints = json.loads(env("KARIOS_PROVISIONER_BMC_ENDPOINTS", "{}"))
+        cfg.cache_dir = cfg.cache_dir or base / "cache"
+        cfg.media_dir = cfg.media_dir or base / "media"
         return cfg
