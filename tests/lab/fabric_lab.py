@@ -163,6 +163,17 @@ _ACTIVE_RUNS: set[str] = set()  # run ids of labs alive in this process
 _SEQ = iter(range(1_000_000))
 
 
+def _remove_stale_host_links() -> None:
+    """Delete root-namespace links still holding the host address (left by a lab whose namespace
+    lingers after deletion); called with the host-link lock held, so none of them is live."""
+    out = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "to", f"{HOST_IP}/32"], capture_output=True, text=True, check=False
+    ).stdout
+    for line in out.splitlines():
+        name = line.split()[1].split("@")[0]
+        subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
+
+
 class FabricLab:
     """Compute nodes as network namespaces with real OpenSSH and (optionally) a BGP RR.
 
@@ -271,6 +282,10 @@ class FabricLab:
         self._started = False
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
+        if self.host_link:
+            # Delete the host end explicitly: a namespace can outlive `ip netns del` for minutes
+            # (lingering sockets), and its veth would keep routing the lab subnet in the root ns.
+            subprocess.run(["ip", "link", "del", self.host_ifname], capture_output=True, check=False)
         namespaces = [n.netns for n in self.nodes] + [self.fabric_netns]
         namespaces += [ns for ns in _list_netns() if ns.startswith(self.run_id + "-")]
         for ns in dict.fromkeys(namespaces):
@@ -477,6 +492,7 @@ class FabricLab:
             )
         if self.host_link:
             self._host_lock_fd = _acquire_lock("host-link.lock", self.host_link_lock_timeout)
+            _remove_stale_host_links()
             _run(
                 [
                     "ip",
