@@ -33,9 +33,10 @@ class RelayedEvent:
     channels: frozenset[str]
     payload: bytes  # the envelope JSON as published
     subject: str
+    wire: bytes = b""  # the SSE frame, encoded once for every client
 
     def sse(self) -> bytes:
-        return b"id: %d\nevent: %s\ndata: %s\n\n" % (self.seq, self.name.encode(), self.payload)
+        return self.wire or b"id: %d\nevent: %s\ndata: %s\n\n" % (self.seq, self.name.encode(), self.payload)
 
 
 @dataclass(eq=False)
@@ -45,7 +46,7 @@ class SSEClient:
     overflowed: bool = False
 
     def offer(self, ev: RelayedEvent) -> None:
-        if self.overflowed or not channel_matches(self.wanted, set(ev.channels)):
+        if self.overflowed or (self.wanted and self.wanted.isdisjoint(ev.channels)):
             return
         try:
             self.queue.put_nowait(ev)
@@ -86,7 +87,8 @@ class EventRelay:
         except (ValueError, AttributeError):
             domain, fact, data = "unknown", "unknown", {}
         name, channels = route_event(domain, fact, data if isinstance(data, dict) else {})
-        return RelayedEvent(seq, name, frozenset(channels), msg.data, msg.subject)
+        wire = b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, name.encode(), msg.data)
+        return RelayedEvent(seq, name, frozenset(channels), msg.data, msg.subject, wire)
 
     async def start(self) -> None:
         async def on_msg(msg: Any) -> None:
@@ -165,10 +167,18 @@ class EventRelay:
                     body = json.dumps({"reason": "slow consumer", "last_event_id": sent}).encode()
                     yield b"event: reconnect\ndata: %s\n\n" % body
                     return
-                if ev.seq <= sent:
-                    continue  # already replayed
-                sent = ev.seq
-                yield ev.sse()
+                # Send everything already queued in one write: under load, one ASGI send per
+                # event per client is what costs the CPU.
+                chunk: list[bytes] = []
+                while True:
+                    if ev.seq > sent:  # else already replayed
+                        sent = ev.seq
+                        chunk.append(ev.sse())
+                    if len(chunk) >= 256 or client.queue.empty() or client.overflowed:
+                        break
+                    ev = client.queue.get_nowait()
+                if chunk:
+                    yield b"".join(chunk)
         finally:
             self.clients.discard(client)
             self.m_clients.dec()
