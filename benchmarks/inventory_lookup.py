@@ -21,7 +21,7 @@ from pathlib import Path
 import pynetbox
 from prometheus_client import CollectorRegistry
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
 
 from karios.inventory.cache import SingleFlightCache
 from karios.inventory.lookups import Inventory, InventoryMetrics

@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap-uv.sh
-uv sync --locked --all-packages --quiet
+uv sync --locked --all-packages --quiet --compile-bytecode
+# Our own packages are editable installs: compile them too (some machines set PYTHONDONTWRITEBYTECODE).
+uv run --locked python -m compileall -q libs services cli >/dev/null
 
 # The real servers the integration tests use (CI machines run them already; start them if down).
 if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null && [ -x /usr/sbin/nats-server ] && [ "$(id -u)" = 0 ]; then

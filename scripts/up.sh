@@ -4,5 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap-uv.sh
-uv sync --locked --all-packages --quiet
+uv sync --locked --all-packages --quiet --compile-bytecode
+# Our own packages are editable installs: compile them too (some machines set PYTHONDONTWRITEBYTECODE).
+uv run --locked python -m compileall -q libs services cli >/dev/null
 exec uv run --locked karios up "$@"
