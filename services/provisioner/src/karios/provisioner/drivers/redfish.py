@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httpx
+import stamina
 
 from karios.common.errors import KariosError, PermanentFailure, UpstreamError
 from karios.common.telemetry import get_logger
@@ -115,40 +116,48 @@ class RedfishDriver:
         if not self._session_tried:
             await self._login()
         uri = self._path(uri)
-        last = ""
-        for attempt in range(self.ep.retries + 1):
-            if attempt:
-                await asyncio.sleep(self.ep.backoff * 2 ** (attempt - 1))
-            self.calls.append((method, uri))
+        try:
+            # Transient failures (timeouts, connection errors, 5xx, 429, 409 where the vendor
+            # quirk says so) are retried with exponential backoff; a 4xx is final at once.
+            async for attempt in stamina.retry_context(
+                on=_TransientBMCError,
+                attempts=self.ep.retries + 1,
+                timeout=None,
+                wait_initial=self.ep.backoff,
+                wait_max=30.0,
+                wait_jitter=0.0,
+            ):
+                with attempt:
+                    return await self._request_once(method, uri, json)
+        except _TransientBMCError as exc:
+            raise UpstreamError(
+                f"BMC {self.ep.bmc_ip} {method} {uri} failed after {self.ep.retries + 1} tries: {exc}"
+            ) from None
+        raise AssertionError("unreachable: stamina either returns or raises")
+
+    async def _request_once(self, method: str, uri: str, json: Any) -> dict[str, Any]:
+        self.calls.append((method, uri))
+        try:
+            r = await self.client.request(method, uri, json=json)
+        except httpx.TimeoutException:
+            raise _TransientBMCError(f"timeout after {self.ep.timeout}s") from None
+        except httpx.HTTPError as exc:
+            raise _TransientBMCError(type(exc).__name__) from None
+        if r.status_code < 400:
+            if not r.content:
+                return {}
             try:
-                r = await self.client.request(method, uri, json=json)
-            except httpx.TimeoutException:
-                last = f"timeout after {self.ep.timeout}s"
-                continue
-            except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}"
-                continue
-            if r.status_code < 400:
-                if not r.content:
-                    return {}
-                try:
-                    body = r.json()
-                except ValueError:
-                    return {}
-                return body if isinstance(body, dict) else {}
-            last = f"HTTP {r.status_code} {_error_text(r)}"
-            transient = (
-                r.status_code >= 500
-                or r.status_code == 429
-                or (r.status_code == 409 and self.quirks.retry_on_409)
-            )
-            if not transient:
-                if r.status_code in (401, 403):
-                    raise PermanentFailure(f"BMC {self.ep.bmc_ip} refused the credentials ({r.status_code})")
-                raise _ClientError(r.status_code, f"BMC {self.ep.bmc_ip} {method} {uri}: {last}")
-        raise UpstreamError(
-            f"BMC {self.ep.bmc_ip} {method} {uri} failed after {self.ep.retries + 1} tries: {last}"
-        )
+                body = r.json()
+            except ValueError:
+                return {}
+            return body if isinstance(body, dict) else {}
+        last = f"HTTP {r.status_code} {_error_text(r)}"
+        busy = r.status_code == 409 and self.quirks.retry_on_409
+        if r.status_code >= 500 or r.status_code == 429 or busy:
+            raise _TransientBMCError(last)
+        if r.status_code in (401, 403):
+            raise PermanentFailure(f"BMC {self.ep.bmc_ip} refused the credentials ({r.status_code})")
+        raise _ClientError(r.status_code, f"BMC {self.ep.bmc_ip} {method} {uri}: {last}")
 
     async def get(self, uri: str) -> dict[str, Any]:
         return await self.request("GET", uri)
@@ -326,6 +335,10 @@ class RedfishDriver:
                     f"BMC {self.ep.bmc_ip}: power did not come on within {self.ep.power_deadline}s"
                 )
             await asyncio.sleep(0.5)
+
+
+class _TransientBMCError(Exception):
+    """A BMC answer worth retrying (never leaves this module: becomes UpstreamError)."""
 
 
 class _ClientError(KariosError):
