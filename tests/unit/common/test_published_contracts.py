@@ -38,3 +38,12 @@ def test_published_asyncapi_is_current():
         "docs/asyncapi.json is stale: run `uv run karios asyncapi > docs/asyncapi.json`"
     )
     assert len(current["components"]["messages"]) >= 30
+
+
+def test_configuration_doc_is_current():
+    from karios.cli.configdoc import render
+
+    published = (ROOT / "docs/configuration.md").read_text()
+    assert published == render(), (
+        "docs/configuration.md is stale: run `uv run karios config-doc > docs/configuration.md`"
+    )

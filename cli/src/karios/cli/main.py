@@ -18,12 +18,9 @@ from karios.cli.services import SERVICES
 
 
 def _state_dir() -> Path:
-    if os.environ.get("KARIOS_STATE_DIR"):
-        return Path(os.environ["KARIOS_STATE_DIR"])
-    if os.geteuid() == 0:
-        return Path("/var/lib/karios")
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "karios"
+    from karios.common.settings import default_state_dir
+
+    return Path(os.environ["KARIOS_STATE_DIR"]) if os.environ.get("KARIOS_STATE_DIR") else default_state_dir()
 
 
 def _persisted_secret(path: Path, make) -> str:  # type: ignore[no-untyped-def]
@@ -205,6 +202,13 @@ def cmd_asyncapi(_args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_doc(_args: argparse.Namespace) -> int:
+    from karios.cli.configdoc import render
+
+    print(render(), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="karios", description="Karios control plane")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -226,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     oa.set_defaults(fn=cmd_openapi)
     aa = sub.add_parser("asyncapi", help="print the bus's AsyncAPI document (docs/asyncapi.json)")
     aa.set_defaults(fn=cmd_asyncapi)
+    cd = sub.add_parser("config-doc", help="print docs/configuration.md (every setting of every service)")
+    cd.set_defaults(fn=cmd_config_doc)
     args = parser.parse_args(argv)
     return int(args.fn(args))
 

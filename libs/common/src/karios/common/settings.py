@@ -18,6 +18,9 @@ DEV_SECRET_KEY = base64.b64encode(b"karios-dev-only-key-do-not-use!!").decode()
 
 
 def default_state_dir() -> Path:
+    """/var/lib/karios as root, else $XDG_STATE_HOME/karios (~/.local/state/karios)."""
+    if os.geteuid() == 0:
+        return Path("/var/lib/karios")
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "karios"
 
@@ -39,11 +42,11 @@ class KariosSettings(BaseSettings):
         default_factory=dict, description="Retired keys by id (JSON), still accepted for decryption."
     )
     host: str = Field("127.0.0.1", description="Address every HTTP listener binds.")
-    gateway_port: int = 8080
-    bootapi_port: int = 8081
-    provisioner_port: int = 8082
-    inventory_port: int = 8083
-    fabric_worker_port: int = 8084
+    gateway_port: int = Field(8080, description="api-gateway HTTP port")
+    bootapi_port: int = Field(8081, description="bootapi plain-HTTP port (unless BOOTAPI_LISTEN_ADDR is set)")
+    provisioner_port: int = Field(8082, description="provisioner HTTP port (boot media for BMCs)")
+    inventory_port: int = Field(8083, description="inventory HTTP port (health, metrics, NetBox webhook)")
+    fabric_worker_port: int = Field(8084, description="fabric-worker HTTP port (health, metrics)")
     public_url: str = Field("", description="URL installers and BMCs use to reach the gateway.")
     bootstrap_admin_token: SecretStr | None = Field(
         None, description="If set, ensured as a fabric_admin API token at gateway start."
@@ -51,12 +54,17 @@ class KariosSettings(BaseSettings):
     request_timeout: float = Field(5.0, description="Seconds to wait for a bus request/reply.")
     max_deliver: int = Field(5, description="Deliveries before a command is dead-lettered.")
     retry_delay: float = Field(2.0, description="Seconds before a retryable failure is redelivered.")
-    state_dir: Path = Field(default_factory=default_state_dir)
+    state_dir: Path = Field(
+        default_factory=default_state_dir,
+        description=(
+            "Data of `karios up` and the provisioner (/var/lib/karios as root, else ~/.local/state/karios)"
+        ),
+    )
     inventory_file: Path | None = Field(None, description="YAML inventory used when no NetBox is configured.")
-    netbox_url: str = ""
-    netbox_token: SecretStr | None = None
-    log_level: str = "INFO"
-    log_json: bool = True
+    netbox_url: str = Field("", description="NetBox base URL; unset = the file-backed inventory")
+    netbox_token: SecretStr | None = Field(None, description="NetBox API token (write scope for pxe_enabled)")
+    log_level: str = Field("INFO", description="Log level")
+    log_json: bool = Field(True, description="JSON logs (false: console format)")
     sse_queue_size: int = Field(1000, description="Events buffered per SSE client before it must reconnect.")
     sse_keepalive: float = Field(15.0, description="Seconds between SSE keep-alive comments.")
 
