@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import stamina
+
 from karios.common.contracts.provision import check_debian_version, debian_suites
 from karios.common.errors import PermanentFailure
 from karios.provisioner.cpio import gzip_overlay
@@ -50,8 +52,22 @@ def netboot_dir(major: str, arch: str = "amd64", root: Path = NETBOOT_ROOT) -> P
     return root / major / arch / "text" / "debian-installer" / arch
 
 
+class _ToolCrashed(Exception):
+    """The tool died from a signal (seen: xorriso 1.5.4 SIGSEGV under load); worth another try."""
+
+
 def _run(argv: list[str], **kw) -> None:  # type: ignore[no-untyped-def]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, **kw)
+    """Run a build tool; a crash (signal) is retried, a real error is permanent at once."""
+    try:
+        for attempt in stamina.retry_context(
+            on=_ToolCrashed, attempts=3, timeout=None, wait_initial=0.2, wait_jitter=0.1
+        ):
+            with attempt:
+                res = subprocess.run(argv, capture_output=True, text=True, timeout=120, **kw)
+                if res.returncode < 0 or "UNIX-SIGNAL" in res.stderr:
+                    raise _ToolCrashed(f"{argv[0]} crashed: {res.stderr.strip()[-300:]}")
+    except _ToolCrashed as exc:
+        raise PermanentFailure(f"{exc} (3 tries)") from None
     if res.returncode != 0:
         raise PermanentFailure(f"{argv[0]} failed: {res.stderr.strip()[-500:]}")
 

@@ -324,8 +324,12 @@ async def cancel(id: str, request: Request, _p: Principal = Depends(require(Role
     return await rt.bus.request(rt.bus.subjects.request("provision", "cancel"), CancelJob(job_id=id))
 
 
-def _token(header: str | None, query: str | None) -> str:
-    return header or query or ""
+def installer_token(
+    x_karios_job_token: str | None = Header(None, description="The job token baked into the boot medium"),
+    token: str | None = Query(None, description="The job token (for installers that cannot set headers)"),
+) -> str:
+    """Installer callbacks authenticate with their job's token, not an operator token."""
+    return x_karios_job_token or token or ""
 
 
 @router.post("/job/{id}/step", summary="Installer step report (job token, no operator auth)")
@@ -333,13 +337,12 @@ async def step(
     id: str,
     body: StepBody,
     request: Request,
-    x_karios_job_token: str | None = Header(None),
-    token: str | None = Query(None),
+    job_token: str = Depends(installer_token),
 ) -> dict:
     rt = request.app.state.runtime
     req = CallbackRequest(
         job_id=id,
-        token=_token(x_karios_job_token, token),
+        token=job_token,
         step=body.step,
         state=body.state,
         percent=body.percent,
@@ -352,14 +355,13 @@ async def complete(
     id: str,
     body: CompleteBody,
     request: Request,
-    x_karios_job_token: str | None = Header(None),
-    token: str | None = Query(None),
+    job_token: str = Depends(installer_token),
 ) -> dict:
     rt = request.app.state.runtime
     box: SecretBox = request.app.state.secret_box
     req = CallbackRequest(
         job_id=id,
-        token=_token(x_karios_job_token, token),
+        token=job_token,
         os_ip=body.os_ip,
         os_password_enc=box.encrypt(body.os_password, context=f"os-job:{id}") if body.os_password else None,
     )
@@ -370,13 +372,10 @@ async def complete(
 async def firstboot(
     body: FirstbootBody,
     request: Request,
-    x_karios_job_token: str | None = Header(None),
-    token: str | None = Query(None),
+    job_token: str = Depends(installer_token),
 ) -> dict:
     rt = request.app.state.runtime
-    req = CallbackRequest(
-        token=_token(x_karios_job_token, token), bmc_ip=str(body.bmc_ip), os_ip=str(body.os_ip)
-    )
+    req = CallbackRequest(token=job_token, bmc_ip=str(body.bmc_ip), os_ip=str(body.os_ip))
     return await rt.bus.request(rt.bus.subjects.request("provision", "firstboot"), req)
 
 
