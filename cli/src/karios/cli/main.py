@@ -89,6 +89,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         if stopping:
             return
         stopping = True
+        # A second Ctrl-C/SIGTERM (uv and `timeout` both forward signals) must not cut the stop short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("\nkarios: stopping…", flush=True)
         for p in procs.values():
             if p.poll() is None:
