@@ -46,7 +46,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         asyncio.run(serve(settings))
         return 0
     port = args.port or int(getattr(settings, spec.port_setting))
-    uvicorn.run(spec.create_app(), host=settings.host, port=port, log_level="warning", access_log=False)
+    # SSE streams never end on their own: give open connections 5 s on SIGTERM, then close them.
+    uvicorn.run(
+        spec.create_app(),
+        host=settings.host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
     return 0
 
 
