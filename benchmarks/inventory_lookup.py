@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
 
-from karios.inventory.cache import SingleFlightCache
+from karios.common.cache import SingleFlightCache
 from karios.inventory.lookups import Inventory, InventoryMetrics
 from karios.inventory.netbox_store import NetBoxStore
 from karios.inventory.store import parse_ident

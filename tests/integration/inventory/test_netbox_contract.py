@@ -20,10 +20,10 @@ from pydantic import SecretStr
 from karios.api_gateway.app import create_app as gateway_app
 from karios.common.bus.runtime import Bus
 from karios.common.bus.subjects import Subjects
+from karios.common.cache import SingleFlightCache
 from karios.common.contracts.inventory import Host, HostQuery, SetPxeEnabled
 from karios.common.errors import Forbidden, NotFound, UpstreamError
 from karios.inventory.app import create_app as inventory_app
-from karios.inventory.cache import SingleFlightCache
 from karios.inventory.lookups import Inventory, InventoryMetrics
 from karios.inventory.netbox_store import NetBoxStore
 from karios.inventory.settings import InventorySettings

@@ -375,10 +375,10 @@ def test_baseline_facts_roundtrip_through_json(name: str) -> None:
 
 def test_cancel_broadcast_subject_is_core_nats_only() -> None:
     from karios.common.bus.subjects import Subjects
-    from karios.fabric_worker.rollout_service import baseline_context, broadcast_subject
+    from karios.fabric_worker.rollout_service import baseline_context
 
     sub = Subjects("karios")
-    subject = broadcast_subject(sub, "fabric", "cancel_apply")
+    subject = sub.broadcast("fabric", "cancel_apply")
     assert subject == "karios.bcast.fabric.cancel_apply"
     # Not captured by a stream (work-queue retention would hand it to one replica only).
     for stream_filter in (sub.all_commands, sub.all_events, sub.all_dead_letters):

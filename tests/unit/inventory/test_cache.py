@@ -7,9 +7,9 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from karios.common.cache import SingleFlightCache
 from karios.common.contracts.inventory import DeviceChanged, Host, HostInterface
 from karios.common.errors import UpstreamError
-from karios.inventory.cache import SingleFlightCache
 from karios.inventory.lookups import Inventory, InventoryMetrics, host_tags
 from karios.inventory.store import parse_ident
 

@@ -6,15 +6,14 @@ unreachable or failing inventory raises a :class:`KariosError` (never cached).
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections import OrderedDict
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from karios.bootapi.metrics import BootapiMetrics
 from karios.common.bus.runtime import Bus
+from karios.common.cache import SingleFlightCache
 from karios.common.contracts.inventory import DeviceChanged, Host, HostQuery, SetPxeEnabled
 from karios.common.errors import KariosError, NotFound, UpstreamError
 from karios.common.netaddr import normalize_mac
@@ -61,14 +60,13 @@ class BusHostSource:
         )
 
 
-_MISSING = object()
-
-
 class CachedHostSource:
-    """TTL + LRU cache with single-flight: N concurrent misses for one key make one inventory call.
+    """The shared boot-storm cache (:class:`karios.common.cache.SingleFlightCache`) in front of a
+    :class:`HostSource`: N concurrent misses for one key make one inventory call.
 
-    ``invalidate`` (fed by ``device.changed`` events) drops every key of a device and marks
-    lookups already in flight as stale, so an answer fetched before the change is not stored.
+    Entries are tagged with the device's id, name and MACs, so ``invalidate`` (fed by
+    ``device.changed`` events) drops every key of a device, and a lookup already in flight when
+    the change arrives is returned but not stored.
     """
 
     def __init__(
@@ -82,64 +80,31 @@ class CachedHostSource:
         clock: Any = time.monotonic,
     ) -> None:
         self.inner, self.metrics = inner, metrics
-        self.ttl, self.negative_ttl, self.max_entries, self.clock = ttl, negative_ttl, max_entries, clock
-        self._entries: OrderedDict[tuple[str, str], tuple[float, Host | None]] = OrderedDict()
-        self._inflight: dict[tuple[str, str], asyncio.Future[Host | None]] = {}
-        self._epoch = 0
+        self._cache: SingleFlightCache[Host] = SingleFlightCache(
+            ttl=ttl, negative_ttl=negative_ttl, max_size=max_entries, clock=clock
+        )
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._cache)
 
     async def by_mac(self, mac: str) -> Host | None:
-        return await self._get(("mac", normalize_mac(mac)))
+        return await self._get("mac", normalize_mac(mac))
 
     async def by_name(self, name: str) -> Host | None:
-        return await self._get(("name", name.lower()))
+        return await self._get("name", name.lower())
 
     async def set_pxe_enabled(self, ident: str, enabled: bool) -> None:
         await self.inner.set_pxe_enabled(ident, enabled)
 
-    def _cached(self, key: tuple[str, str]) -> Any:
-        hit = self._entries.get(key)
-        if hit is None:
-            return _MISSING
-        expires, host = hit
-        if expires < self.clock():
-            del self._entries[key]
-            return _MISSING
-        self._entries.move_to_end(key)
-        return host
+    async def _get(self, field: str, value: str) -> Host | None:
+        got = await self._cache.get_or_load(f"{field}:{value}", lambda: self._fetch(field, value), _tags)
+        (self.metrics.cache_hits if got.hit else self.metrics.cache_misses).inc()
+        if got.value is not None and not got.hit:
+            # The same host answers for its name whichever key found it.
+            self._cache.put(f"name:{got.value.name.lower()}", got.value, _tags(got.value))
+        return got.value
 
-    async def _get(self, key: tuple[str, str]) -> Host | None:
-        cached = self._cached(key)
-        if cached is not _MISSING:
-            self.metrics.cache_hits.inc()
-            return cached  # type: ignore[no-any-return]
-        flight = self._inflight.get(key)
-        if flight is not None:
-            # Joined an in-flight lookup: served without another inventory call.
-            self.metrics.cache_hits.inc()
-            return await asyncio.shield(flight)
-        self.metrics.cache_misses.inc()
-        fut: asyncio.Future[Host | None] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = fut
-        epoch = self._epoch
-        try:
-            host = await self._fetch(key)
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # mark retrieved: joiners re-raise it themselves
-            raise
-        else:
-            fut.set_result(host)
-            if epoch == self._epoch:
-                self._store(key, host)
-            return host
-        finally:
-            self._inflight.pop(key, None)
-
-    async def _fetch(self, key: tuple[str, str]) -> Host | None:
-        field, value = key
+    async def _fetch(self, field: str, value: str) -> Host | None:
         started = time.perf_counter()
         try:
             host = await (self.inner.by_mac(value) if field == "mac" else self.inner.by_name(value))
@@ -154,45 +119,32 @@ class CachedHostSource:
         self.metrics.lookups.labels(field, "ok" if host else "notfound").inc()
         return host
 
-    def _store(self, key: tuple[str, str], host: Host | None) -> None:
-        now = self.clock()
-        self._entries[key] = (now + (self.ttl if host else self.negative_ttl), host)
-        self._entries.move_to_end(key)
-        if host is not None:
-            # The same host answers for its name and every MAC it has.
-            self._entries[("name", host.name.lower())] = (now + self.ttl, host)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
-
     def invalidate(
         self, *, device_id: int | None = None, name: str = "", macs: list[str] | tuple[str, ...] = ()
     ) -> int:
         """Drop every entry of a device (by id, name or MAC, including cached misses); returns how many."""
-        self._epoch += 1
-        dropped = 0
-        names = {name.lower()} if name else set()
-        ids = {device_id} if device_id is not None else set()
-        keys: set[tuple[str, str]] = {("name", n) for n in names}
+        tags = {f"id:{device_id}"} if device_id is not None else set()
+        if name:
+            tags.add(f"name:{name.lower()}")
         for m in macs:
             try:
-                keys.add(("mac", normalize_mac(m)))
+                tags.add(f"mac:{normalize_mac(m)}")
             except ValueError:
                 continue
-        for key in list(keys):
-            hit = self._entries.get(key)
-            if hit is not None and hit[1] is not None:  # a MAC of a cached host: drop the whole host
-                names.add(hit[1].name.lower())
-                if hit[1].id is not None:
-                    ids.add(hit[1].id)
-        for key, (_exp, host) in list(self._entries.items()):
-            if key in keys or (host is not None and (host.name.lower() in names or host.id in ids)):
-                del self._entries[key]
-                dropped += 1
-        return dropped
+        # A MAC or name of a cached host stands for the whole host (its other keys go too).
+        for tag in list(tags):
+            host = self._cache.peek(tag)
+            if host is not None:
+                tags |= set(_tags(host))
+        return self._cache.invalidate(tags, negatives=False)
 
     def invalidate_event(self, event: DeviceChanged) -> None:
         self.invalidate(device_id=event.device_id, name=event.name, macs=event.macs)
 
     def clear(self) -> None:
-        self._epoch += 1
-        self._entries.clear()
+        self._cache.clear()
+
+
+def _tags(host: Host) -> list[str]:
+    tags = [f"name:{host.name.lower()}"] + [f"mac:{m}" for i in host.interfaces for m in i.macs]
+    return tags + ([f"id:{host.id}"] if host.id is not None else [])

@@ -41,7 +41,6 @@ from sqlalchemy.exc import IntegrityError
 
 from karios.common.bus.envelope import RawEnvelope, wrap
 from karios.common.bus.runtime import HandlerContext
-from karios.common.bus.subjects import Subjects, token
 from karios.common.contracts.fabric import (
     BGP_PASSWORD_CONTEXT,
     OSPF_AUTH_KEY_CONTEXT,
@@ -132,12 +131,6 @@ def _check_ip(value: str, field: str = "node_ip") -> str:
         raise ValidationFailed(f"{field}: {value!r} is not an IP address", field=field) from None
 
 
-def broadcast_subject(subjects: Subjects, domain: str, what: str) -> str:
-    """``<p>.bcast.<domain>.<what>``: core NATS, heard by every replica (no queue group), kept by
-    no stream (the streams hold ``cmd``/``evt``/``dlq`` only). Built from the shared prefix."""
-    return f"{subjects.prefix}.bcast.{token(domain)}.{token(what)}"
-
-
 def baseline_context(job_id: str, node_ip: str) -> str:
     """SecretBox associated data: a stored baseline only decrypts as that job's, that node's."""
     return f"fabric:baseline:{job_id}:{node_ip}"
@@ -160,7 +153,7 @@ class RolloutService:
 
     @property
     def cancel_subject(self) -> str:
-        return broadcast_subject(self.rt.bus.subjects, "fabric", "cancel_apply")
+        return self.rt.bus.subjects.broadcast("fabric", "cancel_apply")
 
     @property
     def heartbeat_interval(self) -> float:

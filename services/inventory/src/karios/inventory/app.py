@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from faststream.nats import NatsMessage
 
 from karios.common.bus.envelope import RawEnvelope
+from karios.common.cache import SingleFlightCache
 from karios.common.contracts.inventory import (
     AllocateIp,
     BmcAccess,
@@ -35,7 +36,6 @@ from karios.common.service import ServiceRuntime, build_app
 from karios.common.settings import KariosSettings
 from karios.common.telemetry import get_logger
 from karios.inventory import registry, webhook
-from karios.inventory.cache import SingleFlightCache
 from karios.inventory.file_store import FileStore, StaticPool
 from karios.inventory.lookups import Inventory, InventoryMetrics
 from karios.inventory.mapping import HardwareRules

@@ -11,9 +11,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from karios.common.cache import SingleFlightCache
 from karios.common.contracts.inventory import BmcHardware, DeviceChanged, Host
 from karios.common.errors import KariosError, NotFound
-from karios.inventory.cache import SingleFlightCache
 from karios.inventory.store import Ident, InventoryStore
 
 

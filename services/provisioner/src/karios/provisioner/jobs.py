@@ -504,11 +504,10 @@ class JobService:
         static = None
         if spec.prefix_id is not None:
             # NetBox allocates from prefix ``prefix_id``; the file inventory from its configured pool.
-            alloc = IpAllocation.model_validate(
-                await self.bus.request(
-                    self.bus.subjects.request("inventory", "allocate_ip"),
-                    AllocateIp(name=spec.hostname, prefix_id=spec.prefix_id),
-                )
+            alloc = await self.bus.request(
+                self.bus.subjects.request("inventory", "allocate_ip"),
+                AllocateIp(name=spec.hostname, prefix_id=spec.prefix_id),
+                reply=IpAllocation,
             )
             iface = ipaddress.ip_interface(alloc.address)
             static = {
@@ -552,12 +551,11 @@ class JobService:
             user, password = cmd.bmc_username, self.box.decrypt(cmd.bmc_password_enc, context=f"bmc:{ip}")
         if not user:
             with contextlib.suppress(KariosError):
-                creds = BmcAccess.model_validate(
-                    await self.bus.request(
-                        self.bus.subjects.query("inventory", "bmc_access"),
-                        BmcAccessQuery(bmc_ip=ip),
-                        timeout=2.0,
-                    )
+                creds = await self.bus.request(
+                    self.bus.subjects.query("inventory", "bmc_access"),
+                    BmcAccessQuery(bmc_ip=ip),
+                    timeout=2.0,
+                    reply=BmcAccess,
                 )
                 if creds.username and creds.password_enc:
                     user, password = creds.username, self.box.decrypt(creds.password_enc, context=f"bmc:{ip}")

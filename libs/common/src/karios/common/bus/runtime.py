@@ -182,8 +182,18 @@ class Bus:
         await self._publish(env, subject)
         return env
 
-    async def request(self, subject: str, query: Contract, *, timeout: float | None = None) -> Any:  # noqa: ASYNC109
-        """Request/reply; raises the remote :class:`KariosError`, or 503 when nobody answers."""
+    async def request(
+        self,
+        subject: str,
+        query: Contract,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (a bus timeout, not a cancel scope)
+        reply: type[BaseModel] | None = None,
+    ) -> Any:
+        """Request/reply; raises the remote :class:`KariosError`, or 503 when nobody answers.
+
+        With ``reply``, the answer is validated into that model (else the plain JSON value).
+        """
         env = wrap(query, source=self.service)
         try:
             msg = await self.nc.request(
@@ -198,11 +208,11 @@ class Bus:
             raise ServiceUnavailable(
                 f"no answer on {subject} within {timeout or self.request_timeout}s"
             ) from None
-        reply = Reply.model_validate_json(msg.data)
-        if not reply.ok:
-            assert reply.error is not None
-            raise error_from_dict(reply.error.model_dump())
-        return reply.result
+        answer = Reply.model_validate_json(msg.data)
+        if not answer.ok:
+            assert answer.error is not None
+            raise error_from_dict(answer.error.model_dump())
+        return reply.model_validate(answer.result) if reply is not None else answer.result
 
     # -- handlers ------------------------------------------------------------------
     def command_handler(

@@ -6,6 +6,7 @@ Families (``<p>`` is the bus prefix, ``karios`` by default):
 - ``<p>.evt.<domain>.<fact>.<entity>``     events, JetStream ``<P>_EVT``
 - ``<p>.q.<domain>.<what>``                queries, core NATS request/reply
 - ``<p>.req.<domain>.<verb>``              synchronous commands (request/reply, idempotent by key)
+- ``<p>.bcast.<domain>.<what>``            core NATS fan-out to every replica (e.g. cancel an apply)
 - ``<p>.dlq.<original subject tail>``      dead letters, JetStream ``<P>_DLQ``
 
 Entities such as IP addresses contain dots, which NATS treats as token separators, so
@@ -75,6 +76,10 @@ class Subjects:
 
     def request(self, domain: str, verb: str) -> str:
         return f"{self.prefix}.req.{token(domain)}.{verb}"
+
+    def broadcast(self, domain: str, what: str) -> str:
+        """``<p>.bcast.<domain>.<what>``: core NATS heard by every replica (no queue group, no stream)."""
+        return f"{self.prefix}.bcast.{token(domain)}.{token(what)}"
 
     def dlq(self, original_subject: str) -> str:
         tail = original_subject.split(".", 1)[1] if "." in original_subject else original_subject

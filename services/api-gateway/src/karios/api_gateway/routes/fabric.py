@@ -53,8 +53,9 @@ async def get_fabric_config(
     request: Request, _p: Principal = Depends(require(Role.viewer))
 ) -> FabricConfigView:
     rt = request.app.state.runtime
-    raw = await rt.bus.request(rt.bus.subjects.query("fabric", "config"), FabricConfigQuery())
-    return FabricConfigView.model_validate(raw)
+    return await rt.bus.request(
+        rt.bus.subjects.query("fabric", "config"), FabricConfigQuery(), reply=FabricConfigView
+    )
 
 
 @router.post(
@@ -116,10 +117,11 @@ async def delete_fabric_config(
     request: Request, principal: Principal = Depends(require(Role.fabric_admin))
 ) -> DeleteResult:
     rt = request.app.state.runtime
-    raw = await rt.bus.request(
-        rt.bus.subjects.request("fabric", "delete_config"), DeleteFabricConfig(caller=principal.name)
+    return await rt.bus.request(
+        rt.bus.subjects.request("fabric", "delete_config"),
+        DeleteFabricConfig(caller=principal.name),
+        reply=DeleteResult,
     )
-    return DeleteResult.model_validate(raw)
 
 
 @router.post(
@@ -135,8 +137,7 @@ async def plan_fabric_config(
     body: FabricPlanRequest, request: Request, _p: Principal = Depends(require(Role.operator))
 ) -> FabricPlan:
     rt = request.app.state.runtime
-    raw = await rt.bus.request(rt.bus.subjects.query("fabric", "plan"), body)
-    return FabricPlan.model_validate(raw)
+    return await rt.bus.request(rt.bus.subjects.query("fabric", "plan"), body, reply=FabricPlan)
 
 
 @router.get(
@@ -147,5 +148,6 @@ async def plan_fabric_config(
 )
 async def get_vtep_pool(request: Request, _p: Principal = Depends(require(Role.viewer))) -> VtepPoolStatus:
     rt = request.app.state.runtime
-    raw = await rt.bus.request(rt.bus.subjects.query("fabric", "vtep_pool"), VtepPoolQuery())
-    return VtepPoolStatus.model_validate(raw)
+    return await rt.bus.request(
+        rt.bus.subjects.query("fabric", "vtep_pool"), VtepPoolQuery(), reply=VtepPoolStatus
+    )

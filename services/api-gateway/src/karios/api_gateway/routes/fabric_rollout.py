@@ -87,8 +87,9 @@ async def preflight(
     body: FabricPreflightRequest, request: Request, _p: Principal = Depends(require(Role.operator))
 ) -> FabricPreflightResult:
     rt = request.app.state.runtime
-    raw = await rt.bus.request(rt.bus.subjects.request("fabric", "preflight"), body, timeout=SSH_TIMEOUT)
-    return FabricPreflightResult.model_validate(raw)
+    return await rt.bus.request(
+        rt.bus.subjects.request("fabric", "preflight"), body, timeout=SSH_TIMEOUT, reply=FabricPreflightResult
+    )
 
 
 @router.post(
@@ -123,10 +124,11 @@ async def cancel(
     job_id: str, request: Request, _p: Principal = Depends(require(Role.fabric_admin))
 ) -> CancelAccepted:
     rt = request.app.state.runtime
-    raw = await rt.bus.request(
-        rt.bus.subjects.request("fabric", "cancel_apply"), CancelFabricApply(job_id=job_id)
+    return await rt.bus.request(
+        rt.bus.subjects.request("fabric", "cancel_apply"),
+        CancelFabricApply(job_id=job_id),
+        reply=CancelAccepted,
     )
-    return CancelAccepted.model_validate(raw)
 
 
 @router.get(
@@ -137,8 +139,9 @@ async def cancel(
 )
 async def latest(request: Request, _p: Principal = Depends(require(Role.viewer))) -> FabricJobView:
     rt = request.app.state.runtime
-    raw = await rt.bus.request(rt.bus.subjects.query("fabric", "latest"), FabricLatestQuery())
-    return FabricJobView.model_validate(raw)
+    return await rt.bus.request(
+        rt.bus.subjects.query("fabric", "latest"), FabricLatestQuery(), reply=FabricJobView
+    )
 
 
 @router.post(
@@ -164,12 +167,12 @@ async def teardown_node(
     node_ip: str, request: Request, _p: Principal = Depends(require(Role.fabric_admin))
 ) -> NodeTeardownView:
     rt = request.app.state.runtime
-    raw = await rt.bus.request(
+    return await rt.bus.request(
         rt.bus.subjects.request("fabric", "teardown_node"),
         TeardownFabricNode(node_ip=_node_ip(node_ip)),
         timeout=SSH_TIMEOUT,
+        reply=NodeTeardownView,
     )
-    return NodeTeardownView.model_validate(raw)
 
 
 @router.get(

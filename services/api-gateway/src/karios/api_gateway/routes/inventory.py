@@ -41,10 +41,9 @@ async def _hardware(request: Request, bmc_ip: str) -> BmcHardware:
     except ValueError as exc:
         raise ValidationFailed(f"bmc_ip: {exc}", field="bmc_ip") from None
     rt = request.app.state.runtime
-    raw = await rt.bus.request(
-        rt.bus.subjects.query("inventory", "bmc_hardware"), BmcHardwareQuery(bmc_ip=bmc_ip)
+    return await rt.bus.request(
+        rt.bus.subjects.query("inventory", "bmc_hardware"), BmcHardwareQuery(bmc_ip=bmc_ip), reply=BmcHardware
     )
-    return BmcHardware.model_validate(raw)
 
 
 @router.get(

@@ -67,8 +67,9 @@ async def register(
         else None,
         is_control_node=True,
     )
-    raw = await rt.bus.request(rt.bus.subjects.request("inventory", "register_node"), cmd)
-    result = RegisterNodeResult.model_validate(raw)
+    result = await rt.bus.request(
+        rt.bus.subjects.request("inventory", "register_node"), cmd, reply=RegisterNodeResult
+    )
     verb = "registered" if result.created else "updated"
     return RegisterResponse(
         created=result.created,
