@@ -12,6 +12,8 @@ PKGS=(
   redis-server                                                      # NetBox lab
   git                                                               # bootapi template sync
   qemu-system-x86 ipxe                                              # real iPXE client (bootapi)
+  qemu-utils ovmf socat zstd                                        # installs/wipes booted in a VM
+  mmdebstrap apt-cacher-ng                                          # image builds, installer proxy
 )
 missing=()
 for p in "${PKGS[@]}"; do
