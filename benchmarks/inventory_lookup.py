@@ -27,7 +27,7 @@ from karios.common.cache import SingleFlightCache
 from karios.inventory.lookups import Inventory, InventoryMetrics
 from karios.inventory.netbox_store import NetBoxStore
 from karios.inventory.store import parse_ident
-from tests.integration.inventory.netbox_lab import NetBoxLab
+from tests.lab.netbox_lab import NetBoxLab
 
 
 def summary(samples: list[float]) -> str:

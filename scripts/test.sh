@@ -21,11 +21,24 @@ fi
 if [ -x tests/lab/setup.sh ]; then
   tests/lab/setup.sh
 fi
+# The installers' caching proxy (apt-cacher-ng, cache kept on the machine): image builds and the
+# Debian installer in a VM fetch through it.
+cleanup=()
+trap 'for c in "${cleanup[@]}"; do eval "$c" >/dev/null 2>&1 || true; done' EXIT
+if [ -x tests/lab/aptproxy.sh ] && [ "$(id -u)" = 0 ] && command -v apt-cacher-ng >/dev/null; then
+  if eval "$(tests/lab/aptproxy.sh up 2>/tmp/karios-aptproxy-up.log)"; then
+    export KARIOS_APT_PROXY KARIOS_APT_MIRROR KARIOS_APT_SECURITY KARIOS_APT_BACKEND
+    cleanup+=("tests/lab/aptproxy.sh down")
+  else
+    echo "test: installer proxy did not come up (tail of log below); install tests will report it" >&2
+    tail -n 20 /tmp/karios-aptproxy-up.log >&2 || true
+  fi
+fi
 if [ -x tests/lab/netbox.sh ] && [ -z "${KARIOS_SKIP_NETBOX:-}" ]; then
   if tests/lab/netbox.sh up >/tmp/karios-netbox-up.log 2>&1; then
     eval "$(tests/lab/netbox.sh env)"
     export NETBOX_URL NETBOX_TOKEN
-    trap 'tests/lab/netbox.sh down >/dev/null 2>&1 || true' EXIT
+    cleanup+=("tests/lab/netbox.sh down")
   else
     echo "test: NetBox lab did not come up (tail of log below); NetBox contract tests will report it" >&2
     tail -n 30 /tmp/karios-netbox-up.log >&2 || true

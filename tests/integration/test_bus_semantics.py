@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import nats
@@ -20,20 +19,12 @@ from karios.common.bus.runtime import (
 from karios.common.contracts.base import Command
 from karios.common.db import claim_message, processed_messages_table
 from karios.common.errors import PermanentFailure, UpstreamError
+from tests.fixtures.wait import wait_until
 
 
 class Bump(Command):
     TYPE = "karios.test.bump.v1"
     key: str
-
-
-async def _wait_for(predicate, timeout=10.0, step=0.05):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if await predicate():
-            return True
-        await asyncio.sleep(step)
-    return False
 
 
 async def _dlq_messages(settings, expect: int, timeout: float = 10.0):
@@ -96,8 +87,13 @@ async def test_redelivered_command_is_not_applied_twice(settings):
         async def applied_and_redelivered() -> bool:
             return calls >= 2
 
-        assert await _wait_for(applied_and_redelivered)
-        await asyncio.sleep(0.5)
+        assert await wait_until(applied_and_redelivered)
+
+        async def acked() -> bool:
+            return (await bus.js.stream_info(bus.subjects.cmd_stream)).state.messages == 0
+
+        # Once acked the command is gone from the work queue: no third delivery can follow.
+        await wait_until(acked, what="the command acked on its second delivery")
         async with engine.connect() as c:
             n = (await c.execute(sa.select(counters.c.n).where(counters.c.key == "a"))).scalar_one()
         assert n == 1, "redelivery must not apply the change twice"
@@ -141,7 +137,7 @@ async def test_retryable_error_is_retried_then_dead_lettered_with_reason(setting
         async def removed_from_work_queue() -> bool:
             return (await bus.js.stream_info(bus.subjects.cmd_stream)).state.messages == 0
 
-        assert await _wait_for(removed_from_work_queue, timeout=5)
+        assert await wait_until(removed_from_work_queue, timeout=5)
     finally:
         await sub.unsubscribe()
         await nc.close()
@@ -213,3 +209,39 @@ async def test_consumer_config_drift_is_reconciled_and_a_deleted_consumer_is_unh
     finally:
         await bus2.stop()
         await nc.close()
+
+
+async def test_command_failed_and_dlq_copy_hold_no_sql_parameters_or_class_names(settings):
+    """A handler's database error (SQL + parameters in its text) reaches only the redacted log."""
+    secret = "tokenhash-5f1e-do-not-leak"
+    bus = Bus.from_settings(settings, "bus-test")
+    engine = create_async_engine(settings.database_url)
+    async with engine.begin() as c:
+        await c.execute(sa.text("CREATE TABLE IF NOT EXISTS leak_probe (v varchar(4))"))
+
+    async def handle(cmd: Bump, ctx: HandlerContext) -> None:
+        async with AsyncSession(engine) as s:
+            # varchar(4): the driver error quotes the statement and its parameters.
+            await s.execute(sa.text("INSERT INTO leak_probe (v) VALUES (:v)"), {"v": secret})
+
+    bus.command_handler("test", Bump, handle)
+    await bus.start()
+    nc = await nats.connect(settings.nats_url)
+    sub = await nc.subscribe(bus.subjects.all_events)
+    try:
+        await bus.send_command(Bump(key="leak"), bus.subjects.cmd("test", "bump"), entity="leak")
+        [dead] = await _dlq_messages(settings, 1)
+        event = json.loads((await sub.next_msg(timeout=5)).data)
+        assert event["type"] == "karios.bus.command_failed.v1"
+        published = json.dumps(dict(dead.headers)) + json.dumps(event)
+        for leak in (secret, "INSERT", "leak_probe", "DBAPIError", "StringDataRightTruncation", "Traceback"):
+            assert leak not in published, f"{leak!r} leaked into the DLQ headers or command_failed"
+        assert event["data"]["code"] == "INTERNAL" and dead.headers[HEADER_DLQ_CODE] == "INTERNAL"
+        assert "service log" in event["data"]["message"]
+    finally:
+        await sub.unsubscribe()
+        await nc.close()
+        await bus.stop()
+        async with engine.begin() as c:
+            await c.execute(sa.text("DROP TABLE IF EXISTS leak_probe"))
+        await engine.dispose()

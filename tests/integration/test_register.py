@@ -2,70 +2,44 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
-
 import httpx
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from karios.api_gateway.app import create_app as gateway_app
 from karios.inventory.app import create_app as inventory_app
-from tests.conftest import ADMIN
-
-
-async def read_sse(
-    client: httpx.AsyncClient, url: str, n: int, headers: dict | None = None, timeout: float = 10
-):
-    """Collect the first ``n`` SSE events (id, event, data)."""
-    events: list[dict] = []
-    async with client.stream("GET", url, headers={**ADMIN, **(headers or {})}, timeout=timeout) as r:
-        assert r.status_code == 200
-        cur: dict = {}
-        async for line in r.aiter_lines():
-            if line == "":
-                if "data" in cur:
-                    events.append(cur)
-                    if len(events) >= n:
-                        return events
-                cur = {}
-            elif line.startswith(":"):
-                continue
-            else:
-                k, _, v = line.partition(": ")
-                cur[k] = v
-    return events
+from tests.fixtures.apps import ADMIN
+from tests.fixtures.sse import open_sse
 
 
 async def test_register_round_trip_reaches_sse_and_stores_encrypted(settings, serve):
     await serve(inventory_app(settings))
     gw = await serve(gateway_app(settings))
     async with httpx.AsyncClient(base_url=gw.url) as c:
-        reader = asyncio.create_task(read_sse(c, "/controlnode/events?channel=provision", 1))
-        await asyncio.sleep(0.5)
-        body = {
-            "bmc_ip": "10.0.0.5",
-            "os_hostname": "mgmt-01",
-            "os_ip": "10.1.0.5",
-            "bmc_username": "admin",
-            "bmc_password": "bmc-s3cret",
-            "os_password": "os-s3cret",
-            "primary_mac": "AA-BB-CC-DD-EE-01",
-        }
-        r = await c.post("/controlnode/register", json=body, headers=ADMIN)
-        assert r.status_code == 200, r.text
-        assert r.json() == {
-            "created": True,
-            "hostname": "mgmt-01",
-            "message": "node 10.0.0.5 registered",
-            "node_ip": "10.1.0.5",
-            "success": True,
-        }
-        events = await asyncio.wait_for(reader, 10)
-        assert events[0]["event"] == "node_registered"
-        data = json.loads(events[0]["data"])
+        async with open_sse(c, "/controlnode/events?channel=provision") as stream:
+            body = {
+                "bmc_ip": "10.0.0.5",
+                "os_hostname": "mgmt-01",
+                "os_ip": "10.1.0.5",
+                "bmc_username": "admin",
+                "bmc_password": "bmc-s3cret",
+                "os_password": "os-s3cret",
+                "primary_mac": "AA-BB-CC-DD-EE-01",
+            }
+            r = await c.post("/controlnode/register", json=body, headers=ADMIN)
+            assert r.status_code == 200, r.text
+            assert r.json() == {
+                "created": True,
+                "hostname": "mgmt-01",
+                "message": "node 10.0.0.5 registered",
+                "node_ip": "10.1.0.5",
+                "success": True,
+            }
+            events = await stream.collect(1)
+        assert events[0].event == "node_registered"
+        data = events[0].json()
         assert data["data"]["bmc_ip"] == "10.0.0.5" and data["data"]["created"] is True
-        assert "s3cret" not in events[0]["data"]
+        assert "s3cret" not in events[0].data
 
         r2 = await c.post(
             "/controlnode/register", json={"bmc_ip": "10.0.0.5", "os_ip": "10.1.0.6"}, headers=ADMIN
@@ -113,17 +87,15 @@ async def test_trace_context_flows_from_http_through_the_bus_into_the_event(sett
     await serve(inventory_app(settings))
     gw = await serve(gateway_app(settings))
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-    async with httpx.AsyncClient(base_url=gw.url) as c:
-        reader = asyncio.create_task(read_sse(c, "/controlnode/events", 1))
-        await asyncio.sleep(0.5)
+    async with httpx.AsyncClient(base_url=gw.url) as c, open_sse(c, "/controlnode/events") as stream:
         r = await c.post(
             "/controlnode/register",
             json={"bmc_ip": "10.0.0.7"},
             headers={**ADMIN, "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
         )
         assert r.status_code == 200
-        [ev] = await asyncio.wait_for(reader, 10)
-    env = json.loads(ev["data"])
+        [ev] = await stream.collect(1)
+    env = ev.json()
     assert env["traceparent"].split("-")[1] == trace_id
     m = (await httpx.AsyncClient().get(f"{gw.url}/metrics")).text
     assert 'karios_http_requests_total{method="POST",route="/controlnode/register",status="200"} 1.0' in m

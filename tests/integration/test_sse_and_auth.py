@@ -3,39 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
+import sqlalchemy as sa
 
 from karios.api_gateway.app import create_app as gateway_app
-from karios.api_gateway.auth import Role, create_token
+from karios.api_gateway.auth import Role, create_token, revoke_token
 from karios.common.bus.runtime import Bus
 from karios.common.contracts.inventory import NodeRegistered
-from tests.conftest import ADMIN
-
-
-async def collect(
-    client: httpx.AsyncClient, url: str, n: int, headers: dict | None = None, timeout: float = 10
-):
-    out: list[dict] = []
-
-    async def run() -> None:
-        async with client.stream("GET", url, headers={**ADMIN, **(headers or {})}) as r:
-            assert r.status_code == 200, await r.aread()
-            cur: dict = {}
-            async for line in r.aiter_lines():
-                if line == "":
-                    if "data" in cur:
-                        out.append(cur)
-                        if len(out) >= n:
-                            return
-                    cur = {}
-                elif not line.startswith(":"):
-                    k, _, v = line.partition(": ")
-                    cur[k] = v
-
-    await asyncio.wait_for(run(), timeout)
-    return out
+from tests.fixtures.apps import ADMIN
+from tests.fixtures.sse import open_sse, read_sse
+from tests.fixtures.wait import wait_until
 
 
 async def publish(bus: Bus, i: int, bmc: str = "10.0.0.1") -> None:
@@ -52,19 +30,19 @@ async def test_last_event_id_resumes_with_no_gap_and_no_duplicate(settings, serv
     await bus.start()
     try:
         async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
-            first = asyncio.create_task(collect(c, "/controlnode/events", 2))
-            await asyncio.sleep(0.3)
-            for i in range(5):
-                await publish(bus, i)
-            got = await first  # client reads two then disconnects
-            assert [json.loads(e["data"])["data"]["hostname"] for e in got] == ["n0", "n1"]
-            last_id = got[-1]["id"]
+            async with open_sse(c, "/controlnode/events") as stream:
+                for i in range(5):
+                    await publish(bus, i)
+                got = await stream.collect(2)  # the client reads two then disconnects
+            assert [e.json()["data"]["hostname"] for e in got] == ["n0", "n1"]
+            last_id = got[-1].id
+            assert last_id is not None
             for i in range(5, 8):
                 await publish(bus, i)
-            resumed = await collect(c, "/controlnode/events", 6, headers={"Last-Event-ID": last_id})
-            names = [json.loads(e["data"])["data"]["hostname"] for e in resumed]
+            resumed = await read_sse(c, "/controlnode/events", 6, headers={"Last-Event-ID": last_id})
+            names = [e.json()["data"]["hostname"] for e in resumed]
             assert names == ["n2", "n3", "n4", "n5", "n6", "n7"]
-            ids = [int(e["id"]) for e in resumed]
+            ids = [int(e.id or 0) for e in resumed]
             assert ids == sorted(ids) and len(set(ids)) == 6 and ids[0] == int(last_id) + 1
     finally:
         await bus.stop()
@@ -76,12 +54,11 @@ async def test_channel_filter_only_delivers_matching_events(settings, serve):
     await bus.start()
     try:
         async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
-            task = asyncio.create_task(collect(c, "/controlnode/events?channel=node:10.0.0.2", 1))
-            await asyncio.sleep(0.3)
-            await publish(bus, 1, bmc="10.0.0.1")
-            await publish(bus, 2, bmc="10.0.0.2")
-            [ev] = await task
-            assert json.loads(ev["data"])["data"]["bmc_ip"] == "10.0.0.2"
+            async with open_sse(c, "/controlnode/events?channel=node:10.0.0.2") as stream:
+                await publish(bus, 1, bmc="10.0.0.1")
+                await publish(bus, 2, bmc="10.0.0.2")
+                [ev] = await stream.collect(1)
+            assert ev.json()["data"]["bmc_ip"] == "10.0.0.2"
             r = await c.get("/controlnode/events?channel=bogus", headers=ADMIN)
             assert r.status_code == 422 and r.json()["field"] == "channel"
     finally:
@@ -118,10 +95,9 @@ async def test_slow_client_is_told_to_reconnect(settings, serve):
     await serve(app)
     relay = app.state.relay
     gen = relay.stream(None, None)
-    assert (await gen.__anext__()).startswith(b"retry:")
-    waiter = asyncio.create_task(gen.__anext__())  # registers the client, waits for an event
-    await asyncio.sleep(0.1)
+    assert (await gen.__anext__()).startswith(b"retry:")  # the client is registered by now
     [client] = list(relay.clients)
+    waiter = asyncio.create_task(gen.__anext__())  # waits for the first event
     bus = Bus.from_settings(settings, "test-publisher")
     await bus.start()
     try:
@@ -129,11 +105,57 @@ async def test_slow_client_is_told_to_reconnect(settings, serve):
             await publish(bus, i)
         first = await asyncio.wait_for(waiter, 5)
         assert first.startswith(b"id: ")
-        await asyncio.sleep(0.5)
-        assert client.overflowed and client.queue.qsize() <= 3
+        await wait_until(lambda: client.overflowed, what="the slow client's queue to overflow")
+        assert client.queue.qsize() <= 3
         rest = [await asyncio.wait_for(gen.__anext__(), 5)]
         assert rest[0].startswith(b"event: reconnect")
     finally:
         await gen.aclose()
         await bus.stop()
     assert not relay.clients
+
+
+async def test_access_token_in_the_query_string_only_opens_the_event_stream(settings, serve):
+    gw = await serve(gateway_app(settings))
+    token = ADMIN["Authorization"].removeprefix("Bearer ")
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
+        r = await c.get(f"/controlnode/job/nope?access_token={token}")
+        assert r.status_code == 401 and "only accepted by /controlnode/events" in r.json()["message"]
+        r = await c.post(f"/controlnode/register?access_token={token}", json={"bmc_ip": "10.0.0.1"})
+        assert r.status_code == 401
+        assert (await c.get("/controlnode/job/nope", headers=ADMIN)).status_code == 404
+        async with c.stream("GET", f"/controlnode/events?access_token={token}") as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        async with c.stream("GET", "/controlnode/events?access_token=kt_wrong") as r:
+            assert r.status_code == 401
+
+
+async def test_token_changes_reach_every_gateway_replica_at_once(settings, serve):
+    """Tokens are cached (30 s TTL) per replica; a revocation is broadcast to all of them."""
+    first, second = gateway_app(settings), gateway_app(settings)
+    replicas = [await serve(first), await serve(second)]
+    db = first.state.runtime.db
+    viewer = {"Authorization": f"Bearer {await create_token(db, 'ui-cached', Role.viewer)}"}
+    other = {"Authorization": f"Bearer {await create_token(db, 'ui-revoked', Role.viewer)}"}
+    async with httpx.AsyncClient(timeout=10) as c:
+
+        async def statuses(headers: dict[str, str]) -> list[int]:
+            return [
+                (await c.get(f"{g.url}/controlnode/job/nope", headers=headers)).status_code for g in replicas
+            ]
+
+        assert await statuses(viewer) == [404, 404] and await statuses(other) == [404, 404]
+        # Revoked behind the gateways' back (no broadcast): the cache still answers.
+        async with db.session() as s, s.begin():
+            await s.execute(sa.text("UPDATE gateway.api_tokens SET revoked = true WHERE name = 'ui-cached'"))
+        assert await statuses(viewer) == [404, 404]
+        # Revoked the supported way: every replica refuses it at once, long before the TTL.
+        await revoke_token(db, "ui-revoked", bus=first.state.runtime.bus)
+        await wait_until(
+            lambda: _all_401(statuses(other)), timeout=3, what="both replicas to drop the revoked token"
+        )
+        assert await statuses(viewer) == [404, 404]  # only the revoked name was dropped
+
+
+async def _all_401(pending) -> bool:  # type: ignore[no-untyped-def]
+    return await pending == [401, 401]

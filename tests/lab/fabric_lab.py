@@ -206,6 +206,8 @@ class FabricLab:
         seed_frr_etc: bool = False,
         install: bool = True,
         host_link_lock_timeout: float = 600.0,
+        rr_config: str | None = None,
+        rr_daemons: tuple[str, ...] = ("bgpd",),
     ) -> None:
         if not 1 <= n_nodes <= MAX_NODES:
             raise ValueError(f"n_nodes must be within 1..{MAX_NODES}")
@@ -220,6 +222,10 @@ class FabricLab:
         self.seed_frr_etc = seed_frr_etc
         self.install = install
         self.host_link_lock_timeout = host_link_lock_timeout
+        # The RR's frr.conf (default: the lab's own RR); e.g. Karios's rendered switch config,
+        # which must contain a `bgp listen range` (start() waits for it to be loaded).
+        self.rr_config = rr_config
+        self.rr_daemons = rr_daemons
 
         self.run_id = f"{prefix}-{os.getpid()}-{next(_SEQ)}"
         self.fabric_netns = f"{self.run_id}-fabric"
@@ -384,6 +390,35 @@ class FabricLab:
         if res.returncode != 0:
             raise RuntimeError(f"rr vtysh {cmd!r} failed ({res.returncode}): {res.stdout}{res.stderr}")
         return res.stdout
+
+    def rr_paste(self, text: str, *, timeout: float = 30.0) -> subprocess.CompletedProcess:
+        """Paste `text` on the route reflector as an operator would: `configure terminal`, then
+        each line in one vtysh session (the context of `router bgp` carries over lines)."""
+        pid = _read_pid(os.path.join(self.rr_run_frr_dir, "zebra.pid"))
+        if not pid:
+            raise RuntimeError("route reflector is not running")
+        argv = ["vtysh", "-c", "configure terminal"]
+        for line in text.splitlines():
+            if line.strip() and not line.lstrip().startswith("!"):
+                argv += ["-c", line.strip()]
+        return subprocess.run(
+            ["nsenter", "-t", str(pid), "-m", "-n", "--", *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def rr_shell(self, command: str, *, timeout: float = 30.0) -> subprocess.CompletedProcess:
+        """Run a shell command (e.g. a snippet's verify command) on the route reflector."""
+        pid = _read_pid(os.path.join(self.rr_run_frr_dir, "zebra.pid"))
+        if not pid:
+            raise RuntimeError("route reflector is not running")
+        return subprocess.run(
+            ["nsenter", "-t", str(pid), "-m", "-n", "--", "sh", "-c", command],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def rr_vtysh_json(self, cmd: str, *, timeout: float = 30.0):
         """Run a `... json` vtysh command on the route reflector; return parsed JSON."""
@@ -579,10 +614,10 @@ class FabricLab:
 
     def _start_rr(self) -> None:
         with open(os.path.join(self.rr_etc_frr_dir, "daemons"), "a") as fh:
-            fh.write("\n# karios lab route reflector\nbgpd=yes\n")
+            fh.write("\n# karios lab route reflector\n" + "".join(f"{d}=yes\n" for d in self.rr_daemons))
         conf = os.path.join(self.rr_etc_frr_dir, "frr.conf")
         with open(conf, "w") as fh:
-            fh.write(_RR_CONFIG.format(fabric_ip=FABRIC_IP, prefix=UNDERLAY_PREFIX))
+            fh.write(self.rr_config or _RR_CONFIG.format(fabric_ip=FABRIC_IP, prefix=UNDERLAY_PREFIX))
         _chown_frr(conf)
         log = os.path.join(os.path.dirname(self.rr_etc_frr_dir), "frrinit.log")
         script = (

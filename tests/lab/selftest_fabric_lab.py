@@ -14,8 +14,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The repository root, for the one wait helper (stdlib only) when run as a script.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import fabric_lab
+
+from tests.fixtures.wait import wait_until_sync
 
 ESTABLISHED_DEADLINE_S = 30.0
 
@@ -117,15 +121,17 @@ def main() -> int:
         ssh(lab, n1, "chown -R frr:frr /etc/frr && /usr/lib/frr/frrinit.sh start >/dev/null")
         t = step("FRR configured + started on node1 over ssh", t)
 
-        deadline = time.monotonic() + ESTABLISHED_DEADLINE_S
-        state = ""
-        while time.monotonic() < deadline:
+        def rr_session_state() -> str:
             out = ssh(lab, n1, "vtysh -c 'show bgp l2vpn evpn summary json'")
             peers = json.loads(out or "{}").get("peers", {})
-            state = peers.get(fabric_lab.FABRIC_IP, {}).get("state", "")
-            if state == "Established":
-                break
-            time.sleep(0.2)
+            return str(peers.get(fabric_lab.FABRIC_IP, {}).get("state", ""))
+
+        state = wait_until_sync(
+            lambda: (s := rr_session_state()) == "Established" and s,
+            timeout=ESTABLISHED_DEADLINE_S,
+            interval=0.2,
+            what="node1's EVPN session to the RR",
+        )
         assert state == "Established", f"EVPN session to RR: {state!r}"
         t = step("node1 EVPN session to RR Established", t)
         rr_states = lab.rr_evpn_peer_states()

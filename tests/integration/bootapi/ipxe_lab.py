@@ -9,6 +9,7 @@ and writes what bootapi saw and each VM's serial console to OUT.json.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -21,7 +22,8 @@ import uvicorn
 from karios.bootapi.app import create_app
 from karios.bootapi.settings import BootapiSettings
 from karios.common.settings import KariosSettings
-from tests.unit.bootapi.fakes import FixedHosts
+from tests.fixtures.bootapi_hosts import FixedHosts
+from tests.fixtures.wait import wait_until
 
 BOOT_TIMEOUT = 90.0
 
@@ -97,23 +99,22 @@ async def main(out: Path, macs: list[str]) -> None:
 
     server = uvicorn.Server(uvicorn.Config(record, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: server.started, timeout=30, what="the recording bootapi to start")
     results = {}
     for mac in macs:
         log, proc = await boot(mac, port, work)
-        deadline = asyncio.get_running_loop().time() + BOOT_TIMEOUT
         want = "Karios: installing" if mac == macs[0] else "local disk not bootable"
-        while asyncio.get_running_loop().time() < deadline:
+
+        def finished(mac: str = mac, want: str = want, log: str = log, proc=proc) -> bool:  # type: ignore[no-untyped-def]
             text = Path(log).read_text(errors="replace") if Path(log).exists() else ""
-            if (mac == macs[0] and any(p.startswith("/marker/initrd") for p in seen)) or (
-                mac != macs[0] and want in text
-            ):
-                await asyncio.sleep(1.0)
-                break
-            if proc.returncode is not None:
-                break
-            await asyncio.sleep(0.25)
+            if mac == macs[0]:  # the installer path: its kernel and initrd were fetched
+                done = any(p.startswith("/marker/initrd") for p in seen) and want in text
+            else:
+                done = want in text
+            return done or proc.returncode is not None
+
+        with contextlib.suppress(AssertionError):  # the test reads what was seen and logged
+            await wait_until(finished, timeout=BOOT_TIMEOUT, interval=0.25, what=f"{mac} to boot")
         if proc.returncode is None:
             proc.kill()
         await proc.wait()

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 
 from karios.bootapi.app import create_app
-from tests.integration.bootapi.conftest import TOKEN, boot_settings
+from tests.fixtures.bootapi import TOKEN, boot_settings
+from tests.fixtures.wait import wait_until
 
 LOCAL = "sanboot --no-describe --drive 0x80"
 
@@ -147,11 +146,12 @@ async def test_device_changed_event_invalidates_the_cache(bootapi, inventory):
         host = inventory.table.hosts["node-a1.lab.example"]
         host.platform = "debian-12"  # re-imaged as Debian in NetBox
         await inventory.changed(host)
-        for _ in range(50):
+
+        async def reimaged() -> str | None:
             text = (await c.get("/ipxe/52:54:00:aa:00:11")).text
-            if "debian-12" in text:
-                break
-            await asyncio.sleep(0.05)
+            return text if "debian-12" in text else None
+
+        text = await wait_until(reimaged, what="the Debian script after the change")
         assert "installs debian-12" in text
 
 

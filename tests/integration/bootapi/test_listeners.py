@@ -14,8 +14,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from karios.bootapi.listeners import build_servers, run_servers
-from tests.conftest import free_port
-from tests.integration.bootapi.conftest import boot_settings
+from tests.fixtures.apps import free_port
+from tests.fixtures.bootapi import boot_settings
+from tests.fixtures.wait import wait_until
 
 
 def self_signed(tmp_path):
@@ -58,10 +59,7 @@ async def test_http_and_https_listeners_serve_the_same_boot_path(settings, inven
     )
     task = asyncio.create_task(run_servers(servers))
     try:
-        for _ in range(200):
-            if all(s.started for s in servers):
-                break
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: all(s.started for s in servers), what="both listeners to start")
         async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=str(cert))) as c:
             plain = await c.get(f"http://127.0.0.1:{http_port}/ipxe/52:54:00:aa:00:11")
             tls = await c.get(f"https://127.0.0.1:{https_port}/ipxe/52:54:00:aa:00:11")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shutil
 import subprocess
@@ -13,7 +12,8 @@ import pytest
 
 from karios.bootapi.app import create_app
 from karios.common.oscatalog import default_set_dir
-from tests.integration.bootapi.conftest import boot_settings
+from tests.fixtures.bootapi import boot_settings
+from tests.fixtures.wait import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
 
@@ -53,14 +53,14 @@ def metric(text: str, name: str) -> float:
     return float(m.group(1)) if m else -1.0
 
 
-async def wait_for(c: httpx.AsyncClient, name: str, at_least: float, timeout: float = 15) -> str:
-    text = ""
-    for _ in range(int(timeout / 0.1)):
+async def wait_for_metric(c: httpx.AsyncClient, name: str, at_least: float, timeout: float = 15) -> str:
+    """The metrics text once ``name`` is at least ``at_least``."""
+
+    async def reached() -> str | None:
         text = (await c.get("/metrics")).text
-        if metric(text, name) >= at_least:
-            return text
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{name} never reached {at_least}: {metric(text, name)}")
+        return text if metric(text, name) >= at_least else None
+
+    return await wait_until(reached, timeout=timeout, interval=0.1, what=f"{name} >= {at_least}")
 
 
 async def test_git_push_is_served_and_a_broken_push_keeps_the_last_good_set(
@@ -73,17 +73,17 @@ async def test_git_push_is_served_and_a_broken_push_keeps_the_last_good_set(
         )
     )
     async with httpx.AsyncClient(base_url=app.url) as c:
-        await wait_for(c, "bootapi_template_generation", 2)  # embedded = 1, first clone = 2
+        await wait_for_metric(c, "bootapi_template_generation", 2)  # embedded = 1, first clone = 2
 
         repo.edit("templates/ipxe/boot.ipxe.j2", "#!ipxe\n", "#!ipxe\n# template revision two\n")
         repo.commit("v2")
-        text = await wait_for(c, "bootapi_template_generation", 3)
+        text = await wait_for_metric(c, "bootapi_template_generation", 3)
         assert metric(text, "bootapi_template_sync_failures_total") == 0
         assert "# template revision two" in (await c.get("/ipxe/52:54:00:aa:00:11")).text
 
         repo.edit("templates/ipxe/boot.ipxe.j2", "{% endfor %}", "{% endfor")  # syntax error
         repo.commit("broken")
-        text = await wait_for(c, "bootapi_template_sync_failures_total", 1)
+        text = await wait_for_metric(c, "bootapi_template_sync_failures_total", 1)
         assert metric(text, "bootapi_template_generation") == 3
         assert (await c.get("/readyz")).status_code == 200
         r = await c.get("/ipxe/52:54:00:aa:00:11")
@@ -92,7 +92,7 @@ async def test_git_push_is_served_and_a_broken_push_keeps_the_last_good_set(
         repo.edit("templates/ipxe/boot.ipxe.j2", "{% endfor", "{% endfor %}")
         repo.edit("templates/ipxe/boot.ipxe.j2", "revision two", "revision four")
         repo.commit("fixed")
-        await wait_for(c, "bootapi_template_generation", 4)
+        await wait_for_metric(c, "bootapi_template_generation", 4)
         assert "# template revision four" in (await c.get("/ipxe/52:54:00:aa:00:11")).text
 
 
@@ -104,7 +104,7 @@ async def test_unreachable_repo_serves_embedded_defaults(settings, inventory, se
         )
     )
     async with httpx.AsyncClient(base_url=app.url) as c:
-        text = await wait_for(c, "bootapi_template_sync_failures_total", 1)
+        text = await wait_for_metric(c, "bootapi_template_sync_failures_total", 1)
         assert metric(text, "bootapi_template_generation") == 1
         assert (await c.get("/readyz")).status_code == 200
         assert "inst.ks=" in (await c.get("/ipxe/52:54:00:aa:00:11")).text

@@ -1,4 +1,5 @@
-"""Fixtures: the real fabric-worker and gateway on the test's own bus prefix and database."""
+"""Fixtures: the real fabric-worker and gateway on the test's own bus prefix and database.
+Shared names (tokens, BASE config) live in :mod:`tests.fixtures.fabric`."""
 
 from __future__ import annotations
 
@@ -10,12 +11,8 @@ import pytest
 from karios.api_gateway.app import create_app as gateway_app
 from karios.api_gateway.auth import Role, create_token
 from karios.fabric_worker.app import create_app as worker_app
-from tests.conftest import ADMIN
-
-OPERATOR_TOKEN = "kt_test-operator-token"
-VIEWER_TOKEN = "kt_test-viewer-token"
-OPERATOR = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
-VIEWER = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
+from tests.fixtures.apps import ADMIN
+from tests.fixtures.fabric import OPERATOR_TOKEN, VIEWER_TOKEN
 
 
 @dataclass
@@ -42,21 +39,3 @@ async def fabric(settings, serve):
         f = Fabric(c, worker, gw)
         yield f
         await c.delete("/controlnode/fabric-config", headers=ADMIN)
-
-
-BASE = {
-    "as": 65000,
-    "fabric_switch_as": 65000,
-    "fabric_switch_name": "leaf-01",
-    "fabric_switch_nos": "eos",
-    "fabric_switch_peering_ip": "10.255.0.254",
-    "fabric_switch_role": "leaf",
-    "management_cidr": "192.168.111.0/24",
-    "router_id_cidr": "10.255.0.1/24",
-    "vxlan_mtu": 9216,
-    "expected_nodes": 12,
-    "expected_vms": 300,
-    "ospf_enabled": True,
-    "ospf_area": "0.0.0.0",
-    "bfd_enabled": True,
-}

@@ -1,12 +1,14 @@
-"""Moving the VTEP pool: 409 with switch snippets → ack with the hash → stored and audited."""
+"""Moving the switch's BGP listen range: 409 with switch snippets → ack with the hash → stored and
+audited; no ack where nothing on the switch changes. The snippets themselves are pasted on a
+real FRR route reflector in tests/integration/fabric_rollout/test_switch_snippets_lab.py."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from tests.conftest import ADMIN
-from tests.integration.fabric.conftest import BASE, OPERATOR
+from tests.fixtures.apps import ADMIN
+from tests.fixtures.fabric import BASE, OPERATOR, SWITCH_RR
 
 
 async def _audit(settings, after: int = 0):
@@ -32,7 +34,7 @@ async def _last_id(settings) -> int:
 
 
 async def test_pool_move_needs_the_switch_ack_then_succeeds_and_is_audited(fabric, settings):
-    assert (await fabric.post(BASE, OPERATOR)).status_code == 201
+    assert (await fabric.post(SWITCH_RR, OPERATOR)).status_code == 201
     seen = await _last_id(settings)
     move = {"router_id_cidr": "10.254.0.1/23"}
 
@@ -91,7 +93,7 @@ async def test_pool_move_needs_the_switch_ack_then_succeeds_and_is_audited(fabri
 
 
 async def test_ack_for_another_nos_uses_that_nos_hash(fabric):
-    await fabric.post(BASE)
+    await fabric.post(SWITCH_RR)
     r = await fabric.post({"router_id_cidr": "10.254.0.1/24"})
     sonic = next(s for s in r.json()["details"]["snippets"] if s["nos"] == "sonic")
     r = await fabric.post(
@@ -107,7 +109,7 @@ async def test_ack_for_another_nos_uses_that_nos_hash(fabric):
 
 
 async def test_skip_switch_ack_is_honoured_for_fabric_admin_only(fabric, settings):
-    await fabric.post(BASE)
+    await fabric.post(SWITCH_RR)
     seen = await _last_id(settings)
     r = await fabric.post({"router_id_cidr": "10.254.0.1/24", "skip_switch_ack": True}, OPERATOR)
     assert r.status_code == 409 and "fabric_admin" in r.json()["message"]
@@ -119,7 +121,52 @@ async def test_skip_switch_ack_is_honoured_for_fabric_admin_only(fabric, setting
 
 async def test_unchanged_pool_and_first_post_need_no_ack(fabric, settings):
     seen = await _last_id(settings)
-    await fabric.post(BASE)
-    r = await fabric.post({**BASE, "vxlan_mtu": 9000})
+    await fabric.post(SWITCH_RR)
+    r = await fabric.post({**SWITCH_RR, "vxlan_mtu": 9000})
     assert r.status_code == 200
     assert await _audit(settings, seen) == []
+
+
+async def test_no_ack_when_the_switch_runs_no_bgp(fabric, settings):
+    """Route reflector on the gateway node (iBGP, no switch RR): the switch only carries the
+    underlay, so a pool move changes nothing on it — and its allocations outside are released."""
+    seen = await _last_id(settings)
+    assert (await fabric.post(BASE)).status_code == 201
+    r = await fabric.post({"router_id_cidr": "10.254.0.1/24", "fabric_switch_peering_ip": "10.254.0.254"})
+    assert r.status_code == 200, r.text
+    assert r.json()["router_id_cidr"] == "10.254.0.1/24"
+    assert await _audit(settings, seen) == []
+
+
+async def test_bgp_underlay_gates_the_management_subnet_not_the_pool(fabric, settings):
+    """BGP underlay: the switch listens on the management subnet, so a pool move needs no ack;
+    moving the management subnet does, with snippets naming the ranges the switch really has."""
+    bgp = {**SWITCH_RR, "ospf_enabled": False, "fabric_switch_peering_ip": "192.168.111.254"}
+    assert (await fabric.post(bgp)).status_code == 201
+    seen = await _last_id(settings)
+    r = await fabric.post({"router_id_cidr": "10.254.0.1/24"})
+    assert r.status_code == 200, r.text
+    assert await _audit(settings, seen) == []
+
+    move = {"management_cidr": "192.168.110.0/23"}
+    r = await fabric.post(move)
+    assert r.status_code == 409, r.text
+    err = r.json()
+    assert err["field"] == "management_cidr" and "management subnet" in err["message"]
+    details = err["details"]
+    assert (details["old_listen_range"], details["new_listen_range"]) == (
+        "192.168.111.0/24",
+        "192.168.110.0/23",
+    )
+    other = next(s for s in details["snippets"] if s["nos"] == "other")
+    assert other["snippet"] == (
+        "router bgp 65000\n"
+        " no bgp listen range 192.168.111.0/24 peer-group KARIOS-VTEPS\n"
+        " bgp listen range 192.168.110.0/23 peer-group KARIOS-VTEPS\n"
+        "exit\n"
+    )
+    ack = {**move, "switch_acked": True, "switch_nos": "other", "acked_by": "olga"}
+    r = await fabric.post({**ack, "switch_snippet_hash": other["switch_snippet_hash"]})
+    assert r.status_code == 200, r.text
+    audit = await _audit(settings, seen)
+    assert [(a["old_range"], a["new_range"]) for a in audit] == [("192.168.111.0/24", "192.168.110.0/23")]

@@ -7,8 +7,8 @@ import logging
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from tests.conftest import ADMIN
-from tests.integration.fabric.conftest import BASE, OPERATOR, VIEWER
+from tests.fixtures.apps import ADMIN
+from tests.fixtures.fabric import BASE, OPERATOR, VIEWER
 
 
 async def _rows(settings, sql: str):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.integration.fabric.conftest import OPERATOR, VIEWER
+from tests.fixtures.fabric import OPERATOR, VIEWER
 
 PLAN = {
     "fabric_switch_nos": "nxos",

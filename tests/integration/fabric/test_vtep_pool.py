@@ -7,7 +7,7 @@ import asyncio
 from karios.common.bus.runtime import Bus
 from karios.common.contracts.fabric import AllocateVtep, ReleaseVtep
 from karios.fabric_worker.app import create_app as worker_app
-from tests.integration.fabric.conftest import BASE, VIEWER
+from tests.fixtures.fabric import BASE, VIEWER
 
 
 async def _bus(settings) -> Bus:

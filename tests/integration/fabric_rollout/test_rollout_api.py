@@ -12,8 +12,6 @@ Needs root (namespaces): skipped with the reason otherwise, failed under CI=true
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -24,17 +22,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from karios.api_gateway.app import create_app as gateway_app
 from karios.api_gateway.auth import Role, create_token
 from karios.api_gateway.readmodel import JobRow
-from karios.common.contracts.fabric import FabricApplyCheck
 from karios.fabric_worker.app import create_app as worker_app
-from karios.fabric_worker.rollout_service import RolloutSettings
+from karios.fabric_worker.rollout.apply import check_apply
+from karios.fabric_worker.settings import FabricWorkerSettings
 from karios.inventory.app import create_app as inventory_app
-from tests.conftest import ADMIN, free_port
+from tests.fixtures.apps import ADMIN, free_port
+from tests.fixtures.fabric import FabricEvents, finished, forget_jobs, sql
+from tests.fixtures.wait import wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
 import fabric_lab
@@ -71,7 +69,7 @@ def lab():
 @pytest.fixture
 async def api(settings, serve, lab):
     await serve(inventory_app(settings))
-    rollout = RolloutSettings(
+    rollout = FabricWorkerSettings(
         ssh_key=Path(lab.client_key_path),
         vnis="100,200",
         frr_log_file="/run/frr/frr.log",
@@ -86,73 +84,6 @@ async def api(settings, serve, lab):
     async with httpx.AsyncClient(base_url=gw.url, timeout=120, headers=ADMIN) as c:
         c.gateway = gw  # type: ignore[attr-defined]
         yield c
-
-
-async def forget_jobs(settings) -> None:
-    """The session's database is shared: earlier tests may have left jobs (e.g. a teardown
-    queued by DELETE while no inventory ran, recovered by this worker's reaper). Let them
-    end, then start from an empty job history."""
-    eng = create_async_engine(settings.database_url)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            async with eng.begin() as conn:
-                n = (
-                    await conn.execute(
-                        sa.text("SELECT count(*) FROM fabric.fabric_jobs WHERE job_status = 'running'")
-                    )
-                ).scalar_one()
-                if n == 0:
-                    await conn.execute(sa.text("DELETE FROM fabric.fabric_jobs"))
-                    return
-            assert time.monotonic() < deadline, "a fabric job left by an earlier test does not end"
-            await asyncio.sleep(0.2)
-    finally:
-        await eng.dispose()
-
-
-class SseLog:
-    """Collects `fabric_switch` events from GET /controlnode/events?channel=fabric."""
-
-    def __init__(self, client: httpx.AsyncClient) -> None:
-        self.client, self.events = client, []
-        self.connected = asyncio.Event()
-        self.task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        async with self.client.stream("GET", "/controlnode/events", params={"channel": "fabric"}) as r:
-            name = ""
-            async for line in r.aiter_lines():
-                if line.startswith(": connected"):
-                    self.connected.set()
-                elif line.startswith("event: "):
-                    name = line[7:]
-                elif line.startswith("data: ") and name == "fabric_switch":
-                    self.events.append(json.loads(line[6:])["data"])
-
-    def states(self, job_id: str) -> list[tuple[str, str]]:
-        return [(e["state"], e.get("node_ip", "")) for e in self.events if e["job_id"] == job_id]
-
-    async def wait_for(self, job_id: str, state: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while (state, "") not in self.states(job_id):
-            assert time.monotonic() < deadline, f"no {state} for {job_id}: {self.states(job_id)}"
-            await asyncio.sleep(0.2)
-
-    async def close(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(BaseException):
-            await self.task
-
-
-async def finished(c: httpx.AsyncClient, job_id: str, timeout: float = 150) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        r = await c.get("/controlnode/fabric-config/latest")
-        if r.status_code == 200 and r.json()["job_id"] == job_id and r.json()["job_status"] != "running":
-            return r.json()
-        assert time.monotonic() < deadline, f"job {job_id} still running: {r.text}"
-        await asyncio.sleep(0.5)
 
 
 def sh(lab, node, cmd: str) -> str:
@@ -195,8 +126,7 @@ async def test_rollout_through_the_gateway(api: httpx.AsyncClient, lab) -> None:
     assert cfg["frr_hmac_sha_capable"] is pf["frr_hmac_sha_capable"] is not None  # FRR 8.4 here: False
 
     # -- apply --------------------------------------------------------------------------
-    sse = SseLog(c)
-    await asyncio.wait_for(sse.connected.wait(), 10)
+    sse = await FabricEvents.open(c)
     t0 = time.monotonic()
     r = await c.post("/controlnode/fabric-config/apply")
     assert r.status_code == 202, r.text
@@ -293,8 +223,7 @@ async def test_cancel_rolls_back_and_config_shows_last_job(api: httpx.AsyncClien
     secret = "Rollout-s3cret"  # the RR has no password: this apply could never verify anyway
     r = await c.post("/controlnode/fabric-config", json=CONFIG | {"bgp_password": secret})
     assert r.status_code in (200, 201), r.text
-    sse = SseLog(c)
-    await asyncio.wait_for(sse.connected.wait(), 10)
+    sse = await FabricEvents.open(c)
     r = await c.post("/controlnode/fabric-config/apply")
     assert r.status_code == 202, r.text
     job_id = r.json()["apply_job_id"]
@@ -302,7 +231,9 @@ async def test_cancel_rolls_back_and_config_shows_last_job(api: httpx.AsyncClien
     first = await c.post(f"/controlnode/fabric-config/apply/{job_id}/cancel")
     assert first.status_code == 202, first.text
     again = await c.post(f"/controlnode/fabric-config/apply/{job_id}/cancel")
-    assert again.status_code == 202  # idempotent while the rollback runs
+    # Idempotent while the job runs (202); a cancel now bites at once (issue 13), so a job that had
+    # touched nothing yet may already be terminal: then 404, as the seed says.
+    assert again.status_code in (202, 404), again.text
     job = await finished(c, job_id)
     await sse.wait_for(job_id, "apply_cancelled")
     states = [s for s, _ in sse.states(job_id)]
@@ -359,11 +290,9 @@ async def test_worker_killed_mid_apply_peer_rolls_nodes_back(settings, serve, la
     gw = await serve(gateway_app(settings))
     lease = {"lease": 3, "heartbeat_interval": 0.5, "verify_timeout": 120}
     proc = worker_process(settings, lab, **lease)
-    eng = create_async_engine(settings.database_url)
 
-    async def rows(sql: str, **kw) -> list:
-        async with eng.connect() as conn:
-            return list((await conn.execute(sa.text(sql), kw)).mappings().all())
+    async def rows(stmt: str, **kw) -> list:
+        return list(await sql(settings, stmt, **kw))
 
     try:
         async with httpx.AsyncClient(base_url=gw.url, timeout=60, headers=ADMIN) as c:
@@ -374,27 +303,26 @@ async def test_worker_killed_mid_apply_peer_rolls_nodes_back(settings, serve, la
                 )
                 assert r.status_code == 200, r.text
             secret = "Crash-s3cret"  # the RR has no password: the apply waits in verify
-            deadline = time.monotonic() + 30
-            while (
-                r := await c.post("/controlnode/fabric-config", json=CONFIG | {"bgp_password": secret})
-            ).status_code == 503:
-                assert time.monotonic() < deadline, "worker process did not come up"
-                await asyncio.sleep(0.3)
+
+            async def stored() -> httpx.Response | None:
+                r = await c.post("/controlnode/fabric-config", json=CONFIG | {"bgp_password": secret})
+                return None if r.status_code == 503 else r
+
+            r = await wait_until(stored, timeout=30, interval=0.3, what="the worker process to come up")
             assert r.status_code in (200, 201), r.text
             r = await c.post("/controlnode/fabric-config/apply")
             assert r.status_code == 202, r.text
             job_id = r.json()["apply_job_id"]
+
             # Wait until every node is committed (frr.conf written) and its baseline stored.
-            deadline = time.monotonic() + 40
-            while True:
+            async def committed() -> list | None:
                 kept = await rows(
                     "SELECT node_ip, baseline_enc FROM fabric.node_baselines WHERE job_id = :j", j=job_id
                 )
                 written = [n for n in lab.nodes if "frr.conf" in sh(lab, n, "ls -A /etc/frr")]
-                if len(kept) == len(written) == len(lab.nodes):
-                    break
-                assert time.monotonic() < deadline, (kept, written)
-                await asyncio.sleep(0.2)
+                return kept if len(kept) == len(written) == len(lab.nodes) else None
+
+            kept = await wait_until(committed, timeout=40, interval=0.2, what="every node committed")
             assert all(k["baseline_enc"].startswith("v1:") and secret not in k["baseline_enc"] for k in kept)
             t_kill = time.monotonic()
             proc.send_signal(signal.SIGKILL)
@@ -406,7 +334,7 @@ async def test_worker_killed_mid_apply_peer_rolls_nodes_back(settings, serve, la
             peer = await serve(
                 worker_app(
                     settings,
-                    rollout_settings=RolloutSettings(
+                    rollout_settings=FabricWorkerSettings(
                         ssh_key=Path(lab.client_key_path),
                         vnis="100,200",
                         frr_log_file="/run/frr/frr.log",
@@ -428,7 +356,7 @@ async def test_worker_killed_mid_apply_peer_rolls_nodes_back(settings, serve, la
             assert cfg["rollout_status"] == "failed" and cfg["last_job"]["job_id"] == job_id
             assert await rows("SELECT * FROM fabric.node_baselines WHERE job_id = :j", j=job_id) == []
             # A new apply is possible again.
-            await peer.app.state.rollout.apply_check(FabricApplyCheck())
+            await check_apply(peer.app.state.rollout)
             assert secret not in (await c.get("/controlnode/fabric-config/latest")).text
             print(f"\nkilled mid-apply → nodes rolled back by the peer in {recovered_s:.1f} s")
             r = await c.delete("/controlnode/fabric-config")
@@ -439,4 +367,3 @@ async def test_worker_killed_mid_apply_peer_rolls_nodes_back(settings, serve, la
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-        await eng.dispose()

@@ -8,6 +8,7 @@ through the rollout's own report.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -28,6 +29,7 @@ from karios.fabric_worker.rollout import (
     run_teardown_job,
     teardown_node,
 )
+from tests.fixtures.wait import wait_until_sync
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
 import fabric_lab
@@ -120,15 +122,6 @@ def remote_vteps(lab, node, vni: int) -> set[str]:
     return {v["ip"] if isinstance(v, dict) else v for v in vteps} if isinstance(vteps, list) else set()
 
 
-def wait_for(pred, timeout: float = 20.0, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
-
-
 # -- tests ------------------------------------------------------------------------------
 
 
@@ -195,6 +188,7 @@ async def test_strict_failure_on_one_node_rolls_every_node_back(lab, intent) -> 
     assert (summary.job_status, summary.rollout_status) == ("failed", "failed")
     assert summary.first_fail_node == "198.18.0.13"
     assert "BGP neighbor 198.18.0.1 not Established" in summary.first_fail_error
+    assert summary.first_fail_error.startswith("node3 (198.18.0.13): BGP neighbor")  # names its node
     assert all(n.rolled_back for n in summary.nodes), summary.nodes
     for n in lab.nodes:
         assert node_state(lab, n) == EMPTY, n.name
@@ -223,7 +217,12 @@ async def test_apply_reaches_established_with_evpn_routes_and_reapply_is_a_noop(
     for n in lab.nodes:
         want = set(vtep.values()) - {vtep[n.name]}
         for vni in (100, 200):
-            seen = wait_for(lambda n=n, vni=vni, want=want: remote_vteps(lab, n, vni) == want)
+            seen = wait_until_sync(
+                lambda n=n, vni=vni, want=want: remote_vteps(lab, n, vni) == want,
+                timeout=20,
+                interval=0.3,
+                what=f"{n.name} VNI {vni}: remote VTEPs {sorted(want)}",
+            )
             assert seen, (n.name, vni, remote_vteps(lab, n, vni))
     assert sh(lab, 1, "cat /sys/class/net/vxlan100/mtu") == "8950"
     assert sh(lab, 3, "cat /sys/class/net/vxlan100/mtu") == "1450"  # follows node3's smaller underlay
@@ -285,7 +284,60 @@ async def test_cancel_mid_apply_restores_the_previous_config(lab, intent) -> Non
         assert sh(lab, n, "md5sum /etc/frr/frr.conf /etc/frr/daemons") == before[n.name], n.name
         assert lab.node_exec(n, "ip link show vxlan300").returncode != 0
         assert node_state(lab, n)["frr_running"]
-    assert wait_for(lambda: set(lab.rr_evpn_peer_states().values()) == {"Established"})
+    assert wait_until_sync(
+        lambda: set(lab.rr_evpn_peer_states().values()) == {"Established"},
+        timeout=20,
+        interval=0.3,
+        what="every node Established at the RR again",
+    )
+
+
+async def test_cancel_during_an_frr_restart_bites_within_2_s_and_rolls_the_restart_back(lab, intent) -> None:
+    """Issue 13 item 4: a cancel no longer waits for the FRR restart in flight (~6 s here): every
+    node stops within 2 s, the interrupted restart is killed and rolled back like any step."""
+    ts = await applied(lab, intent)
+    before = {n.name: sh(lab, n, "md5sum /etc/frr/frr.conf /etc/frr/daemons") for n in lab.nodes}
+    # bfd_enabled changes `daemons`: the commit ends in `frrinit.sh restart` (~6 s in this lab).
+    changed = intent.model_copy(update={"vnis": (100, 200, 300), "bfd_enabled": True})
+    events: list[tuple[float, str, str]] = []
+    job = ApplyJob(changed, ts, vteps(changed, ts), options=OPTS)
+    asked: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    def cancel() -> None:
+        asked.append(time.monotonic())
+        job.cancel()
+
+    async def sink(e: RolloutEvent) -> None:
+        events.append((time.monotonic(), e.state, e.node_ip))
+        if e.state == "node_committing" and not asked and len(events) < 1000:
+            loop.call_later(1.5, cancel)  # files written by then: the restart is running
+
+    job._sink = sink
+    summary = await job.run()
+    assert summary.job_status == "cancelled" and asked
+    restarting = [ip for t, st, ip in events if st == "node_committing" and t < asked[0]]
+    assert len(restarting) == 3, events
+    stopped = {}
+    for t, st, ip in events:
+        if t >= asked[0] and ip and ip not in stopped and st in ("node_failed", "node_rolling_back"):
+            stopped[ip] = t - asked[0]
+    print(f"\n[measure] cancel during FRR restart: every node stopped within {max(stopped.values()):.2f} s")
+    assert set(stopped) == {n.underlay_ip for n in lab.nodes}
+    assert max(stopped.values()) < 2.0, stopped
+    assert all(n.rolled_back for n in summary.nodes), summary.nodes
+    for n in lab.nodes:
+        assert sh(lab, n, "md5sum /etc/frr/frr.conf /etc/frr/daemons") == before[n.name], n.name
+        assert lab.node_exec(n, "ip link show vxlan300").returncode != 0
+        assert node_state(lab, n)["frr_running"]
+        assert lab.node_exec(n, "kill -0 $(cat /run/frr/bfdd.pid) 2>/dev/null").returncode != 0, n.name
+        assert sh(lab, n, "ls -A /run/frr | grep -c karios-step || true") == "0"
+    assert wait_until_sync(
+        lambda: set(lab.rr_evpn_peer_states().values()) == {"Established"},
+        timeout=30,
+        interval=0.3,
+        what="every node Established at the RR again",
+    )
 
 
 async def test_teardown_removes_frr_config_and_vtep0(lab, intent) -> None:

@@ -29,7 +29,8 @@ from karios.common.errors import NotFound, ValidationFailed
 from karios.inventory.app import create_app as inventory_app
 from karios.inventory.settings import InventorySettings
 from karios.inventory.webhook import sign
-from tests.conftest import ADMIN
+from tests.fixtures.apps import ADMIN
+from tests.fixtures.wait import wait_until
 
 WEBHOOK_SECRET = "hook-s3cret"
 
@@ -294,8 +295,7 @@ async def test_device_changed_from_the_bus_drops_the_cached_host_on_every_replic
         bus.subjects.evt("inventory", "device.changed", "node-02"),
         entity="node-02",
     )
-    for _ in range(100):
-        if all(c.peek("name:node-02") is None for c in caches):
-            break
-        await asyncio.sleep(0.05)
+    await wait_until(
+        lambda: all(c.peek("name:node-02") is None for c in caches), what="every replica to drop node-02"
+    )
     assert [c.peek("name:node-02") for c in caches] == [None, None]

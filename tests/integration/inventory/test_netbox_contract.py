@@ -28,8 +28,8 @@ from karios.inventory.lookups import Inventory, InventoryMetrics
 from karios.inventory.netbox_store import NetBoxStore
 from karios.inventory.settings import InventorySettings
 from karios.inventory.store import parse_ident
-from tests.conftest import ADMIN, REQUIRE
-from tests.integration.inventory.netbox_lab import LabDevice, NetBoxLab
+from tests.fixtures.apps import ADMIN, REQUIRE
+from tests.lab.netbox_lab import LabDevice, NetBoxLab
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "tests" / "lab" / "netbox.sh"

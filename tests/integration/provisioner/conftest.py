@@ -1,26 +1,27 @@
-"""Fixtures for provisioning tests: a sushy-tools Redfish emulator and a wired gateway + provisioner."""
+"""Fixtures for provisioning tests: a sushy-tools Redfish emulator and a wired inventory + gateway +
+provisioner (helpers are in tests/fixtures/provision.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import re
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
-import sqlalchemy as sa
-import uvicorn
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from karios.api_gateway.app import create_app as gateway_app
+from karios.inventory.app import create_app as inventory_app
 from karios.provisioner.app import create_app as provisioner_app
 from karios.provisioner.config import ProvisionerConfig
-from karios.provisioner.cpio import read_initrd
-from tests.conftest import ADMIN, RunningApp, free_port
+from tests.fixtures.apps import RunningApp, free_port
+from tests.fixtures.provision import (
+    EXTRA_BMCS,
+    STACK_BMCS,
+    retire_leftover_jobs,
+    start_app_at,
+    use_installer_media,
+    write_inventory,
+)
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
 
 
@@ -46,42 +47,6 @@ class Stack:
     running: RunningApp | None = None  # the provisioner's server (tests may stop it)
 
 
-async def retire_leftover_jobs(database_url: str) -> None:
-    """Earlier tests share the database: their unfinished jobs must not be resumed (or block a BMC) here."""
-    engine = create_async_engine(database_url)
-    try:
-        async with engine.begin() as c:
-            await c.execute(
-                sa.text(
-                    "DO $$ BEGIN IF to_regclass('provision.jobs') IS NOT NULL THEN "
-                    "UPDATE provision.jobs SET state = 'cancelled', lease_until = NULL "
-                    "WHERE state NOT IN ('completed', 'failed', 'cancelled'); END IF; "
-                    # and in the gateway's read model, which refuses a BMC with a running job
-                    "IF to_regclass('gateway.jobs') IS NOT NULL THEN "
-                    "UPDATE gateway.jobs SET job_status = 'cancelled', status = 'cancelled' "
-                    "WHERE job_type NOT LIKE '%_batch' "
-                    "AND job_status NOT IN ('completed', 'failed', 'cancelled'); END IF; END $$"
-                )
-            )
-    finally:
-        await engine.dispose()
-
-
-async def start_app_at(app, port: int) -> RunningApp:  # type: ignore[no-untyped-def]
-    """Like tests.conftest.start_app, on a port chosen beforehand (so the config knows its URL)."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    for _ in range(600):
-        if server.started:
-            break
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.05)
-    else:
-        raise RuntimeError("app did not start")
-    return RunningApp(app, server, task, f"http://127.0.0.1:{port}")
-
-
 @pytest.fixture
 async def replicas(settings, tmp_path_factory):  # type: ignore[no-untyped-def]
     """Start extra provisioner replicas: ``await replicas(cfg, wrap=None)`` → (RunningApp, JobService).
@@ -101,6 +66,7 @@ async def replicas(settings, tmp_path_factory):  # type: ignore[no-untyped-def]
             }
         )
         app = provisioner_app(settings, own)
+        use_installer_media(app.state.jobs)
         if prepare is not None:
             prepare(app.state.jobs)
         r = await start_app_at(app, port)
@@ -115,11 +81,14 @@ async def replicas(settings, tmp_path_factory):  # type: ignore[no-untyped-def]
 @pytest.fixture
 async def stack(settings, serve, emulator, tmp_path_factory):
     await retire_leftover_jobs(settings.database_url)
-    ips = [f"10.99.0.{i}" for i in range(1, 6)]
+    ips = list(STACK_BMCS)
+    inventory = write_inventory(tmp_path_factory.mktemp("inventory") / "inventory.yaml", ips + EXTRA_BMCS)
+    await serve(inventory_app(settings.model_copy(update={"inventory_file": inventory})))
     cache = Path(tempfile.gettempdir()) / "karios-test-media-cache"  # base artifacts shared across tests
     cfg = ProvisionerConfig(
         cache_dir=cache,
         media_dir=tmp_path_factory.mktemp("media"),
+        images_dir=tmp_path_factory.mktemp("images"),
         stage_deadline=600,
         stuck_check_interval=0.5,
         bmc_retries=1,
@@ -127,6 +96,7 @@ async def stack(settings, serve, emulator, tmp_path_factory):
         bmc_timeout=15,  # InsertMedia makes the emulator download the ISO: slow on a busy 2-core box
         power_deadline=20,
         build_concurrency=2,
+        install_method="preseed",  # these tests read the installer's files from the medium
         lease_seconds=3,
         claim_interval=0.3,
         bmc_endpoints={
@@ -140,6 +110,7 @@ async def stack(settings, serve, emulator, tmp_path_factory):
         },
     )
     prov_app = provisioner_app(settings, cfg)
+    use_installer_media(prov_app.state.jobs)
     prov = await serve(prov_app)
     gw = await serve(gateway_app(settings))
     cfg.media_url, cfg.callback_url = prov.url, gw.url
@@ -148,81 +119,3 @@ async def stack(settings, serve, emulator, tmp_path_factory):
             "POST", f"/redfish/v1/Systems/{sid}/VirtualMedia/Cd/Actions/VirtualMedia.EjectMedia", {}
         )
     return Stack(gw.url, prov.url, cfg, prov_app, emulator, ips, prov)
-
-
-async def read_sse(client: httpx.AsyncClient, url: str, until, timeout: float = 60):  # type: ignore[no-untyped-def]
-    """SSE events (name, data) until ``until(events)`` is true."""
-    events: list[tuple[str, dict]] = []
-
-    async def run() -> None:
-        async with client.stream("GET", url, headers=ADMIN, timeout=timeout) as r:
-            cur: dict = {}
-            async for line in r.aiter_lines():
-                if line == "":
-                    if "data" in cur:
-                        events.append((cur.get("event", ""), json.loads(cur["data"])))
-                        if until(events):
-                            return
-                    cur = {}
-                elif not line.startswith(":"):
-                    k, _, v = line.partition(": ")
-                    cur[k] = v
-
-    await asyncio.wait_for(run(), timeout)
-    return events
-
-
-async def wait_job(client: httpx.AsyncClient, job_id: str, states: set[str], timeout: float = 60) -> dict:
-    deadline = asyncio.get_running_loop().time() + timeout
-    last: dict = {}
-    while asyncio.get_running_loop().time() < deadline:
-        r = await client.get(f"/controlnode/job/{job_id}", headers=ADMIN)
-        if r.status_code == 200:
-            last = r.json()
-            if last["job_status"] in states:
-                return last
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"job {job_id} never reached {states}; last {last}")
-
-
-def medium_token(iso: Path) -> tuple[str, dict[str, bytes]]:
-    """Read the job token from the medium the way the installer does: initrd → /karios/cb.sh."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "initrd.gz"
-        subprocess.run(
-            ["xorriso", "-osirrox", "on", "-indev", str(iso), "-extract", "/install.amd/initrd.gz", str(out)],
-            check=True,
-            capture_output=True,
-        )
-        files = read_initrd(out.read_bytes())
-    m = re.search(r"TOKEN='([^']+)'", files["karios/cb.sh"].decode())
-    assert m
-    return m.group(1), files
-
-
-def bmc_posts(emu: RedfishEmulator, system_id: str, action: str, since: int = 0) -> int:
-    """Accepted (2xx) POSTs of ``action`` for one system, from the emulator's own request log."""
-    sys_path = f"/redfish/v1/Systems/{re.escape(system_id)}/"
-    tail = r"\S* HTTP/[\d.]+\S*\" 2\d\d"
-    return len(re.findall(rf"POST {sys_path}\S*{re.escape(action)}{tail}", emu.log()[since:]))
-
-
-def resets_seen(emu: RedfishEmulator, system_id: str, since: int = 0) -> int:
-    return bmc_posts(emu, system_id, "Actions/ComputerSystem.Reset", since)
-
-
-def inserts_seen(emu: RedfishEmulator, system_id: str, since: int = 0) -> int:
-    return bmc_posts(emu, system_id, "Actions/VirtualMedia.InsertMedia", since)
-
-
-async def wait_resets(
-    emu: RedfishEmulator, system_id: str, since: int, n: int = 1, timeout: float = 15
-) -> int:
-    """Resets seen once at least ``n`` arrived (the job shows booting just before the reset is sent),
-    after a short settle so a duplicate would be counted too."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while resets_seen(emu, system_id, since) < n and loop.time() < deadline:
-        await asyncio.sleep(0.1)
-    await asyncio.sleep(0.5)
-    return resets_seen(emu, system_id, since)

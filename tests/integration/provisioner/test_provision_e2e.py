@@ -9,8 +9,9 @@ from datetime import datetime
 import httpx
 import pytest
 
-from tests.conftest import ADMIN
-from tests.integration.provisioner.conftest import medium_token, read_sse, wait_job
+from tests.fixtures.apps import ADMIN
+from tests.fixtures.provision import medium_token, wait_bmc_clean, wait_job
+from tests.fixtures.sse import open_sse
 
 pytestmark = [pytest.mark.integration, pytest.mark.lab]
 STAGES = [
@@ -46,16 +47,10 @@ async def test_five_hosts_provision_end_to_end(stack):
         "/controlnode/provision/supermicro",
         "/controlnode/provision/cisco",
     ]
-    async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
-        sse = asyncio.create_task(  # noqa: RUF006 - awaited below
-            read_sse(
-                c,
-                "/controlnode/events?channel=provision",
-                lambda evs: sum(1 for n, _ in evs if n == "job_completed") >= 5,
-                timeout=120,
-            )
-        )
-        await asyncio.sleep(0.5)
+    async with (
+        httpx.AsyncClient(base_url=stack.gw, timeout=30) as c,
+        open_sse(c, "/controlnode/events?channel=provision", timeout=120) as sse,
+    ):
         t0 = time.perf_counter()
         posts = await asyncio.gather(
             *[
@@ -119,11 +114,20 @@ async def test_five_hosts_provision_end_to_end(stack):
 
         done = await asyncio.gather(*[wait_job(c, j, {"completed"}) for j in jobs])
         assert [d["node_ip"] for d in done] == [f"10.1.0.{n}" for n in range(1, 6)]
-        events = await sse
+        events = [
+            (e.event, e.json())
+            for e in await sse.collect(
+                until=lambda evs: sum(1 for e in evs if e.event == "job_completed") >= 5, timeout=120
+            )
+        ]
         for job_id in jobs:
             names = [n for n, d in events if d["data"].get("job_id") == job_id]
             assert names == STAGES, names
             assert all("s3cret" not in str(d) for _, d in events)
+        # Completed: every BMC is left clean (medium ejected, boot override cleared), media removed.
+        for job_id, sid in zip(jobs, emu.system_ids, strict=True):
+            await wait_bmc_clean(emu, sid)
+            assert not (stack.cfg.media_dir / f"{job_id}.iso").exists()
 
         prog = (
             await c.post(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -10,8 +11,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from karios.common.contracts.provision import ProvisionSpec, StartProvision
-from tests.conftest import ADMIN
-from tests.integration.provisioner.conftest import medium_token, wait_job
+from tests.fixtures.apps import ADMIN
+from tests.fixtures.provision import (
+    UNKNOWN_BMC,
+    bmc_state,
+    medium_token,
+    resets_seen,
+    wait_bmc_clean,
+    wait_job,
+)
+from tests.fixtures.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.lab]
 
@@ -24,22 +33,21 @@ async def test_cancel_midway_ejects_clears_boot_and_is_idempotent(stack):
     emu, sid, ip = stack.emu, stack.emu.system_ids[0], stack.bmc_ips[0]
     async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
         job = (await c.post("/controlnode/provision/dell", json=body(ip), headers=ADMIN)).json()["job_id"]
-        await wait_job(c, job, {"booting"})
+        booting = await wait_job(c, job, {"booting"})
+        # sushy-tools reads back Continuous after Once: the quirk is recorded with its evidence.
+        assert "BMC quirk" in booting["message"] and "'Continuous'" in booting["message"], booting
+        assert bmc_state(emu, sid)["target"] == "Cd"
         token, _ = medium_token(stack.cfg.media_dir / f"{job}.iso")
         r1 = await c.post(f"/controlnode/job/{job}/cancel", headers=ADMIN)
         r2 = await c.post(f"/controlnode/job/{job}/cancel", headers=ADMIN)
         assert r1.status_code == 200 and r2.status_code == 200 and r2.json()["state"] == "cancelled"
         got = await wait_job(c, job, {"cancelled"})
         assert got["status"] == "cancelled"
-        for _ in range(50):
-            _, vm = emu.request("GET", f"/redfish/v1/Systems/{sid}/VirtualMedia/Cd")
-            _, system = emu.request("GET", f"/redfish/v1/Systems/{sid}")
-            if not vm.get("Image") and system["Boot"]["BootSourceOverrideTarget"] == "None":
-                break
-            await asyncio.sleep(0.2)
-        assert not vm.get("Image")
+        bmc = await wait_bmc_clean(emu, sid)
+        assert not bmc["image"]
         # sushy-tools always reads back Enabled=Continuous (LAB.md): the target is what changed.
-        assert system["Boot"]["BootSourceOverrideTarget"] == "None"
+        assert bmc["target"] == "None"
+        assert not (stack.cfg.media_dir / f"{job}.iso").exists()  # an ended job keeps no medium
         # A late callback of the cancelled attempt changes nothing.
         r = await c.post(
             f"/controlnode/job/{job}/step",
@@ -118,7 +126,9 @@ async def test_redelivered_command_mounts_once(stack):
     await rt.bus.send_command(cmd, rt.bus.subjects.cmd("provision", "start"), entity=cmd.job_id)
     async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
         await wait_job(c, cmd.job_id, {"booting"})
-        await asyncio.sleep(1.0)
+    # Both deliveries were handled (the second found the row and stopped), and the job's
+    # worker is done: only then is the count final.
+    await wait_until(lambda: cmd.job_id not in svc.tasks, timeout=30, what="the job's worker to finish")
     assert svc.mounts - before == 1
 
 
@@ -126,16 +136,33 @@ async def test_unreachable_and_failing_bmc_fail_clearly(stack):
     stack.cfg.bmc_endpoints["10.99.1.1"] = {"url": "http://127.0.0.1:9", "username": "a", "password": "b"}
     stack.cfg.bmc_endpoints["10.99.1.2"] = {"url": stack.emu.url, "username": "a", "password": "wrong"}
     async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
+        t0 = time.monotonic()
         j1 = (await c.post("/controlnode/provision/dell", json=body("10.99.1.1"), headers=ADMIN)).json()[
             "job_id"
         ]
         j2 = (await c.post("/controlnode/provision/hp", json=body("10.99.1.2"), headers=ADMIN)).json()[
             "job_id"
         ]
-        f1 = await wait_job(c, j1, {"failed"})
-        f2 = await wait_job(c, j2, {"failed"})
+        f1 = await wait_job(c, j1, {"failed"}, timeout=20)
+        took = time.monotonic() - t0
+        f2 = await wait_job(c, j2, {"failed"}, timeout=20)
+        stages = [
+            p["stage"]
+            for p in (
+                await c.post(
+                    "/controlnode/provision/progress/all", json={"bmc_ip": "10.99.1.1"}, headers=ADMIN
+                )
+            ).json()
+        ]
     assert "failed after 2 tries" in f1["message"] and "10.99.1.1" in f1["message"]
     assert "refused the credentials" in f2["message"]
+    # Checked before building: no medium was ever written, and the job never built one.
+    assert (
+        not (stack.cfg.media_dir / f"{j1}.iso").exists() and not (stack.cfg.media_dir / f"{j2}.iso").exists()
+    )
+    assert stages == ["Queued", "Failed"], stages
+    print(f"\nunreachable BMC: POST → failed in {took:.2f}s")
+    assert took < 15  # seconds, not a build plus the BMC's full retry budget
 
 
 async def test_bmc_answering_500_fails_clearly_after_retries(stack, serve):
@@ -183,3 +210,115 @@ async def test_bad_requests_are_422_naming_the_field(stack):
         assert r.status_code == 401
         r = await c.get("/controlnode/job/nope", headers=ADMIN)
         assert r.status_code == 404
+
+
+async def test_every_invalid_request_is_422_naming_the_field_before_any_job(stack):
+    """Checked once, at the gateway, before the 202: no job is created for any of these."""
+    ip = stack.bmc_ips[0]
+    cases = [
+        (body(ip, vendor="foo"), "/controlnode/provision", "vendor"),
+        (body(ip, hostname="Srv_X"), "/controlnode/provision/dell", "hostname"),
+        (body(ip, os_username="Bad User"), "/controlnode/provision/dell", "os_username"),
+        (body(ip, selected_nic="eth0;reboot"), "/controlnode/provision/dell", "selected_nic"),
+        (body(ip, selected_disks=["../etc/passwd"]), "/controlnode/provision/dell", "selected_disks"),
+        (
+            body(ip, selected_disks=["sda", "/dev/sda"], pool_type="mirror"),
+            "/controlnode/provision",
+            "selected_disks",
+        ),
+        (body(ip, install_method="pxe"), "/controlnode/provision/dell", "install_method"),
+        (body(ip, mirror="bad host/debian"), "/controlnode/provision/dell", "mirror"),
+        (body(ip, http_proxy="ftp://proxy:21"), "/controlnode/provision/dell", "http_proxy"),
+        (body(ip, gpu_passthrough=["zz"]), "/controlnode/provision/dell", "gpu_passthrough"),
+        (body(ip, arch="arm64"), "/controlnode/provision/dell", "arch"),
+    ]
+    async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
+        for b, route, field in cases:
+            r = await c.post(route, json=b, headers=ADMIN)
+            assert r.status_code == 422, (b, r.text)
+            assert r.json()["field"] == field, (b, r.json())
+        r = await c.post("/controlnode/unprovision", json={"bmc_ip": ip, "vendor": "foo"}, headers=ADMIN)
+        assert r.status_code == 422 and r.json()["field"] == "vendor", r.text
+        queue = (await c.get("/controlnode/provision/queue", headers=ADMIN)).json()
+    assert not [e for e in queue["entries"] if e["bmc_ip"] == ip]
+    # A valid request with the normalised fields is accepted.
+    async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
+        r = await c.post(
+            "/controlnode/provision/dell",
+            json=body(ip, selected_disks=["sda", "sdb"], pool_type="Mirror", install_method="preseed"),
+            headers=ADMIN,
+        )
+        assert r.status_code == 202, r.text
+        await wait_job(c, r.json()["job_id"], {"booting"})
+        cancel = await c.post(f"/controlnode/job/{r.json()['job_id']}/cancel", headers=ADMIN)
+        assert cancel.status_code == 200
+
+
+async def test_unknown_bmc_is_404_naming_the_field(stack):
+    async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
+        r = await c.post("/controlnode/provision/dell", json=body(UNKNOWN_BMC), headers=ADMIN)
+        assert r.status_code == 404 and r.json()["field"] == "bmc_IP", r.text
+        assert UNKNOWN_BMC in r.json()["message"]
+        r = await c.post("/controlnode/unprovision", json={"bmc_ip": UNKNOWN_BMC}, headers=ADMIN)
+        assert r.status_code == 404 and r.json()["field"] == "bmc_ip", r.text
+        queue = (await c.get("/controlnode/provision/queue", headers=ADMIN)).json()
+    assert not [e for e in queue["entries"] if e["bmc_ip"] == UNKNOWN_BMC]
+
+
+async def test_cancel_while_mounting_leaves_the_bmc_clean_and_never_resets(stack):
+    """Cancelled with the medium inserted and the boot override set, before the reset."""
+    emu, sid, ip = stack.emu, stack.emu.system_ids[3], stack.bmc_ips[3]
+    svc = stack.app.state.jobs
+    since = len(emu.log())
+    reached, go = asyncio.Event(), asyncio.Event()
+
+    def factory(cls, ep):  # type: ignore[no-untyped-def]
+        class Held(cls):  # type: ignore[valid-type, misc]
+            async def set_boot_cd_once(self):  # type: ignore[no-untyped-def]
+                got = await super().set_boot_cd_once()
+                reached.set()
+                await go.wait()
+                return got
+
+        return Held(ep)
+
+    svc.driver_factory = factory
+    try:
+        async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
+            job = (await c.post("/controlnode/provision/dell", json=body(ip), headers=ADMIN)).json()["job_id"]
+            await asyncio.wait_for(reached.wait(), 30)
+            assert bmc_state(emu, sid)["inserted"] and bmc_state(emu, sid)["target"] == "Cd"
+            r = await c.post(f"/controlnode/job/{job}/cancel", headers=ADMIN)
+            assert r.status_code == 200 and r.json()["state"] == "cancelled"
+            go.set()
+            await wait_bmc_clean(emu, sid)
+            await wait_until(lambda: job not in svc.tasks, timeout=10, what="the worker to stop")
+    finally:
+        svc.driver_factory = None
+    assert not (stack.cfg.media_dir / f"{job}.iso").exists()
+    assert resets_seen(emu, sid, since) == 0
+
+
+async def test_two_jobs_for_one_bmc_at_once_one_runs_the_other_fails(stack):
+    """Commands that bypass the gateway's 409 (or race it): the provisioner admits one job per BMC."""
+    ip = stack.bmc_ips[4]
+    rt = stack.app.state.runtime
+    cmds = [
+        StartProvision(
+            job_id=f"race-{n}-{ip.replace('.', '-')}",
+            spec=ProvisionSpec(bmc_ip=ip, vendor="dell", hostname=f"r{n}"),
+        )
+        for n in (1, 2)
+    ]
+    await asyncio.gather(
+        *[rt.bus.send_command(c, rt.bus.subjects.cmd("provision", "start"), entity=c.job_id) for c in cmds]
+    )
+    async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
+        ends = [await wait_job(c, cmd.job_id, {"booting", "failed"}) for cmd in cmds]
+        running = [e for e in ends if e["job_status"] == "booting"]
+        failed = [e for e in ends if e["job_status"] == "failed"]
+        assert len(running) == 1 and len(failed) == 1, [
+            (e["id"], e["job_status"], e["message"]) for e in ends
+        ]
+        assert f"already has running job {running[0]['id']}" in failed[0]["message"]
+        await c.post(f"/controlnode/job/{running[0]['id']}/cancel", headers=ADMIN)

@@ -21,15 +21,17 @@ from karios.common.db import Database
 from karios.provisioner.drivers import RedfishDriver
 from karios.provisioner.jobs import JobService
 from karios.provisioner.media import MediaBuilder
-from tests.conftest import ADMIN
-from tests.integration.provisioner.conftest import (
+from tests.fixtures.apps import ADMIN
+from tests.fixtures.provision import (
     inserts_seen,
     medium_token,
-    read_sse,
     resets_seen,
+    wait_bmc_clean,
     wait_job,
     wait_resets,
 )
+from tests.fixtures.sse import open_sse
+from tests.fixtures.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.lab]
 
@@ -133,16 +135,10 @@ async def test_job_resumes_on_a_new_replica_and_the_machine_resets_once(
     hook = Hook()
     (hold_in_build if stop_at == "building_media" else hold_after_mount)(old, hook)
     old.release_on_stop = graceful  # not graceful: the lease stays until it expires (a crash)
-    async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
-        sse = asyncio.create_task(  # noqa: RUF006 - awaited below
-            read_sse(
-                c,
-                "/controlnode/events?channel=provision",
-                lambda evs: any(n == "job_completed" for n, _ in evs),
-                timeout=90,
-            )
-        )
-        await asyncio.sleep(0.3)
+    async with (
+        httpx.AsyncClient(base_url=stack.gw, timeout=30) as c,
+        open_sse(c, "/controlnode/events?channel=provision", timeout=90) as sse,
+    ):
         r = await c.post("/controlnode/provision/dell", json=body(ip), headers=ADMIN)
         assert r.status_code == 202, r.text
         job = r.json()["job_id"]
@@ -188,9 +184,11 @@ async def test_job_resumes_on_a_new_replica_and_the_machine_resets_once(
         await play_installer(c, job, ip, token, "10.1.0.41")
         done = await wait_job(c, job, {"completed"})
         assert done["node_ip"] == "10.1.0.41"
+        await wait_bmc_clean(emu, sid)  # completed: medium ejected, boot override cleared
         assert resets_seen(emu, sid, since) == 1  # still exactly one power reset for the job
 
-        names = [n for n, d in await sse if d["data"].get("job_id") == job]
+        events = await sse.collect(until=lambda evs: any(e.event == "job_completed" for e in evs), timeout=90)
+        names = [e.event for e in events if e.json()["data"].get("job_id") == job]
         assert names[: names.index("job_resumed")] == ["job_queued", "job_building_media"] + (
             ["job_mounting"] if stop_at == "mounting" else []
         )
@@ -260,10 +258,7 @@ async def test_a_worker_that_lost_its_lease_never_resets(stack, settings):
             id=job,
         )
         hook.go.set()
-        for _ in range(50):
-            if job not in svc.tasks:
-                break
-            await asyncio.sleep(0.1)
+        await wait_until(lambda: job not in svc.tasks, timeout=10, what="the stalled worker to stop")
         assert job not in svc.tasks
         row = await job_row(settings.database_url, job)
         assert row["state"] == "mounting" and row["owner"] == "other-replica" and row["reset_at"] is None

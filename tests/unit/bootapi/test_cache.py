@@ -10,7 +10,8 @@ from karios.bootapi.hosts import CachedHostSource
 from karios.bootapi.metrics import BootapiMetrics
 from karios.common.contracts.inventory import DeviceChanged
 from karios.common.errors import UpstreamError
-from tests.unit.bootapi.fakes import ALMA, FixedHosts
+from tests.fixtures.bootapi_hosts import ALMA, FixedHosts
+from tests.fixtures.wait import wait_until
 
 
 class SlowHosts(FixedHosts):
@@ -122,10 +123,10 @@ async def test_a_new_device_replaces_a_cached_miss():
 
 
 async def test_an_answer_fetched_before_an_invalidation_is_not_stored():
-    inner = SlowHosts(delay=0.1)
+    inner = SlowHosts(delay=0.2)
     c = cache(inner)
     first = asyncio.create_task(c.by_mac("52:54:00:aa:00:11"))
-    await asyncio.sleep(0.02)
+    await wait_until(lambda: len(inner.calls) == 1, interval=0.005, what="the lookup to start")
     c.invalidate(device_id=11)
     await first
     await c.by_mac("52:54:00:aa:00:11")

@@ -9,7 +9,7 @@ from karios.bootapi.core import FallbackReason
 from karios.bootapi.settings import BootapiSettings, parse_duration
 from karios.common.oscatalog import Catalog, NoCatalogEntry, default_set_dir, load_template_set
 from karios.common.oscatalog.catalog import parse_catalog_entry
-from tests.unit.bootapi.fakes import ALMA, DEBIAN, GATED, NO_OS
+from tests.fixtures.bootapi_hosts import ALMA, DEBIAN, GATED, NO_OS
 
 TEMPLATES = load_template_set(default_set_dir())
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from karios.bootapi import core
 from karios.common.oscatalog import default_set_dir, load_template_set
-from tests.unit.bootapi.fakes import ALMA, DEBIAN, FEDORA
-from tests.unit.bootapi.golden import assert_golden
+from tests.fixtures.bootapi_hosts import ALMA, DEBIAN, FEDORA
+from tests.fixtures.golden import assert_golden
 
 BASE = "http://boot.lab.example:8081"
 TOKEN = "golden-token-123"
 TEMPLATES = load_template_set(default_set_dir())
+GOLDEN = Path(__file__).parent / "golden"
 
 
 @pytest.mark.parametrize(
@@ -21,13 +24,16 @@ def test_installer_ipxe_script_matches_golden(host, entry_name):
     entry = TEMPLATES.catalog.select(host.platform, host.role)
     assert entry.name == entry_name
     mac = core.boot_mac(host)
-    assert_golden(f"ipxe-{entry_name}.ipxe", core.render_ipxe_script(TEMPLATES, host, mac, entry, BASE))
+    assert_golden(
+        GOLDEN / f"ipxe-{entry_name}.ipxe", core.render_ipxe_script(TEMPLATES, host, mac, entry, BASE)
+    )
 
 
 @pytest.mark.parametrize("fallback", ["local", "shell"])
 def test_fallback_scripts_match_golden(fallback):
     assert_golden(
-        f"fallback-{fallback}.ipxe", core.render_fallback_script(TEMPLATES, fallback, "52:54:00:00:00:99")
+        GOLDEN / f"fallback-{fallback}.ipxe",
+        core.render_fallback_script(TEMPLATES, fallback, "52:54:00:00:00:99"),
     )
 
 
@@ -40,7 +46,7 @@ def test_install_configs_match_golden(host, name, token):
     text = core.render_install_config(
         TEMPLATES, host, entry, mac=core.boot_mac(host), base_url=BASE, provision_token=token
     )
-    assert_golden(f"{name}{'' if token else '.no-token'}", text)
+    assert_golden(GOLDEN / f"{name}{'' if token else '.no-token'}", text)
 
 
 def test_default_configs_call_the_provisioned_endpoint_with_the_token():

@@ -10,7 +10,7 @@ from karios.bootapi.server import BootServer
 from karios.bootapi.templatesync import TemplateStore
 from karios.common.errors import NotFound, ServiceUnavailable, Unauthorized, UpstreamError
 from karios.common.oscatalog import default_set_dir, load_template_set
-from tests.unit.bootapi.fakes import UNAVAILABLE, BrokenHosts, EmptyHosts, FixedHosts
+from tests.fixtures.bootapi_hosts import UNAVAILABLE, BrokenHosts, EmptyHosts, FixedHosts
 
 BASE = "http://boot.lab.example:8081"
 TOKEN = "s3cret-token"

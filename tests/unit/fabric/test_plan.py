@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from karios.common.contracts.fabric import FabricPlanRequest
 from karios.common.errors import ValidationFailed
-from karios.fabric_worker.plan import plan_fabric
+from karios.fabric_worker.config.plan import plan_fabric
 
 BASE = {"fabric_switch_nos": "eos", "management_cidr": "192.168.111.0/24", "vxlan_mtu": 9216}
 

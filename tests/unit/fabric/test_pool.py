@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from karios.fabric_worker.pool import VtepPool, auto_prefix
+from karios.fabric_worker.config.pool import VtepPool, auto_prefix
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ import pytest
 
 from karios.common.contracts.fabric import FabricConfigFields, FabricConfigInput
 from karios.common.errors import ValidationFailed
-from karios.fabric_worker import rules
-from karios.fabric_worker.rules import RuleContext
+from karios.fabric_worker.config import rules
+from karios.fabric_worker.config.rules import RuleContext
 
 GOOD = {
     "as": 65000,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from karios.common.contracts.fabric import FabricPlanRequest
-from karios.fabric_worker.plan import plan_fabric
-from karios.fabric_worker.render import SWITCH_NOS, listen_range_snippet
+from karios.fabric_worker.config.plan import plan_fabric
+from karios.fabric_worker.config.render import SWITCH_NOS, listen_range_snippet
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = [

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from karios.fabric_worker.config.pool import VtepPool
 from karios.fabric_worker.rollout.facts import Interface, parse_facts
 from karios.fabric_worker.rollout.intent import (
     FabricIntent,
@@ -217,9 +218,43 @@ def test_vtep_allocation_is_deterministic_and_keeps_existing() -> None:
 
 def test_vtep_pool_exhaustion_is_reported() -> None:
     small = INTENT.model_copy(update={"router_id_base": "198.19.1.1", "router_id_prefix_len": 30})
-    assert vtep_pool_capacity("198.19.1.1", 30) == 2
-    with pytest.raises(VtepPoolExhausted, match=r"no free address for 198\.18\.0\.3"):
-        allocate_vteps(small, ["198.18.0.1", "198.18.0.2", "198.18.0.3"])
+    # The seed's rule (total_usable "excluding .0 and .255 per /24 block"): .1, .2 and .3.
+    assert vtep_pool_capacity("198.19.1.1", 30) == 3
+    with pytest.raises(VtepPoolExhausted, match=r"no free address for 198\.18\.0\.4"):
+        allocate_vteps(small, ["198.18.0.1", "198.18.0.2", "198.18.0.3", "198.18.0.4"])
+
+
+@pytest.mark.parametrize(
+    ("base", "prefix", "peer"),
+    [
+        ("198.19.1.1", 24, "198.19.1.254"),  # the switch's peering IP inside the pool
+        ("10.255.0.0", 23, "10.0.0.1"),  # two /24 blocks: .255 and .0 in the middle
+        ("10.255.0.200", 22, "10.255.1.0"),
+        ("198.19.1.1", 30, "198.18.0.1"),
+    ],
+)
+def test_preflight_headroom_and_vtep_pool_use_one_sizing_rule(base: str, prefix: int, peer: str) -> None:
+    """Preflight's capacity, the allocator and GET /vtep-pool's total_usable are one number."""
+    pool = VtepPool.of(base, prefix, [peer])
+    result = summarize(
+        [],
+        underlay_cidr="198.18.0.0/24",
+        overrides=[],
+        router_id_base=base,
+        router_id_prefix_len=prefix,
+        expected_nodes=1,
+        reserved=(peer,),
+    )
+    assert result.vtep_pool.capacity == pool.total_usable == vtep_pool_capacity(base, prefix, (peer,))
+    intent = INTENT.model_copy(
+        update={"router_id_base": base, "router_id_prefix_len": prefix, "peer_ip": peer}
+    )
+    nodes = [f"198.18.{i // 250}.{i % 250 + 1}" for i in range(pool.total_usable)]
+    given = set(allocate_vteps(intent, nodes).values())
+    assert given == {str(a) for a in pool.addresses()}
+    assert not any(v.endswith((".0", ".255")) or v == peer for v in given)
+    with pytest.raises(VtepPoolExhausted):
+        allocate_vteps(intent, [*nodes, "198.18.200.1"])
 
 
 @pytest.mark.parametrize(
@@ -288,11 +323,12 @@ def test_preflight_summary_reports_mtu_drift_and_pool() -> None:
         overrides=[],
         router_id_base="198.19.1.1",
         router_id_prefix_len=30,
-        expected_nodes=3,
+        expected_nodes=4,
     )
     assert r.ready and r.underlay_mtu == 0
     assert [(d.node_ip, d.bridge_mtu) for d in r.mtu_drift] == [("198.18.0.11", 9000), ("198.18.0.12", 1500)]
-    assert (r.vtep_pool.capacity, r.vtep_pool.headroom, r.vtep_pool.overalloc_warn) == (2, -1, True)
+    # .1-.3 of the /30 (the seed's rule: only .0/.255 of a /24 are never handed out)
+    assert (r.vtep_pool.capacity, r.vtep_pool.headroom, r.vtep_pool.overalloc_warn) == (3, -1, True)
     assert r.frr_hmac_sha_capable is False
     same = summarize(
         [a],
@@ -375,7 +411,7 @@ def test_baseline_facts_roundtrip_through_json(name: str) -> None:
 
 def test_cancel_broadcast_subject_is_core_nats_only() -> None:
     from karios.common.bus.subjects import Subjects
-    from karios.fabric_worker.rollout_service import baseline_context
+    from karios.fabric_worker.rollout.access import baseline_context
 
     sub = Subjects("karios")
     subject = sub.broadcast("fabric", "cancel_apply")

@@ -12,6 +12,7 @@ from karios.common.contracts.inventory import DeviceChanged, Host, HostInterface
 from karios.common.errors import UpstreamError
 from karios.inventory.lookups import Inventory, InventoryMetrics, host_tags
 from karios.inventory.store import parse_ident
+from tests.fixtures.wait import wait_until
 
 
 class Clock:
@@ -143,11 +144,11 @@ async def test_errors_reach_every_waiter_and_are_not_cached():
 
 
 async def test_a_caller_giving_up_does_not_cancel_the_load_for_the_others():
-    store = SlowStore({MAC: node()}, delay=0.1)
+    store = SlowStore({MAC: node()}, delay=0.3)
     inv = make_inventory(store)
     first = asyncio.create_task(inv.host(parse_ident(mac=MAC)))
     second = asyncio.create_task(inv.host(parse_ident(mac=MAC)))
-    await asyncio.sleep(0.02)
+    await wait_until(lambda: store.calls == 1, interval=0.005, what="the shared load to start")
     first.cancel()
     assert (await second).name == "node-01"
     assert store.calls == 1
@@ -182,10 +183,10 @@ async def test_device_change_drops_its_entries_by_id_name_and_mac_and_all_unknow
 
 
 async def test_a_load_racing_an_invalidation_is_not_stored():
-    store = SlowStore({MAC: node()}, delay=0.05)
+    store = SlowStore({MAC: node()}, delay=0.2)
     inv = make_inventory(store)
     task = asyncio.create_task(inv.host(parse_ident(mac=MAC)))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: store.calls == 1, interval=0.005, what="the load to start")
     inv.apply_change(DeviceChanged(device_id=7))
     await task
     await inv.host(parse_ident(mac=MAC))

@@ -109,3 +109,31 @@ def test_pool_skips_used_addresses_and_the_gateway_and_reports_exhaustion():
         allocate_from_pool(pool, {f"192.0.2.{i}" for i in range(1, 7)})
     with pytest.raises(ValidationFailed, match="no static IP pool"):
         allocate_from_pool(None, set())
+
+
+def test_registry_table_holds_every_field_of_the_register_contract():
+    """One definition: the registrable fields come from ``RegisterNode``; the table stores them all."""
+    from karios.common.contracts.inventory import RegisterNode
+    from karios.inventory.models import BmcInfo
+    from karios.inventory.registry import _UPDATABLE
+
+    assert set(RegisterNode.model_fields) <= set(BmcInfo.model_fields)
+    assert "bmc_password_enc" in _UPDATABLE and "bmc_ip" not in _UPDATABLE
+
+
+def test_a_file_device_is_the_host_contract_plus_file_only_fields():
+    from karios.common.contracts.inventory import Host
+    from karios.inventory.file_store import FileDevice
+
+    assert set(Host.model_fields) <= set(FileDevice.model_fields)
+    dev = FileDevice.model_validate(
+        {
+            "name": "srv-1",
+            "platform": "debian-12",
+            "interfaces": [{"name": "eno1", "macs": ["AA-BB-CC-00-11-22"]}],
+        }
+    )
+    host = dev.host()
+    assert type(host) is Host
+    assert host.interfaces[0].macs == ["aa:bb:cc:00:11:22"]
+    assert host.pxe_enabled is True and "pxe_enabled" not in host.custom_fields

@@ -13,7 +13,7 @@ SETTINGS_CLASSES = (
     ("Shared by every service", "karios.common.settings", "KariosSettings"),
     ("inventory", "karios.inventory.settings", "InventorySettings"),
     ("provisioner", "karios.provisioner.config", "ProvisionerConfig"),
-    ("fabric-worker (rollout)", "karios.fabric_worker.rollout_service", "RolloutSettings"),
+    ("fabric-worker (rollout)", "karios.fabric_worker.settings", "FabricWorkerSettings"),
     ("bootapi (the seed's names)", "karios.bootapi.settings", "BootapiSettings"),
 )
 

@@ -10,11 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 from karios.cli.embedded import EmbeddedNats, EmbeddedPostgres, die_with_parent
 from karios.cli.services import SERVICES
+from karios.cli.supervisor import Child, CrashLoop, CrashPolicy, Supervisor
 
 
 def _state_dir() -> Path:
@@ -72,10 +74,8 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], deadline: float) -> Non
     raise RuntimeError("not ready in time")
 
 
-def cmd_up(args: argparse.Namespace) -> int:
-    t0 = time.monotonic()
-    state = _state_dir()
-    state.mkdir(parents=True, exist_ok=True)
+def _up_env(state: Path) -> tuple[dict[str, str], str]:
+    """The services' environment (dev mode, persisted key and admin token) and the admin token."""
     env = dict(os.environ)
     env.setdefault("KARIOS_DEV_MODE", "1")
     env["KARIOS_STATE_DIR"] = str(state)
@@ -87,9 +87,21 @@ def cmd_up(args: argparse.Namespace) -> int:
         state / "admin.token", lambda: "kt_" + base64.urlsafe_b64encode(os.urandom(32)).decode().rstrip("=")
     )
     env["KARIOS_BOOTSTRAP_ADMIN_TOKEN"] = admin_token
+    return env, admin_token
+
+
+# One function on purpose: start-up, the supervision loop and the clean stop share the
+# `shutdown` closure and its once-only guard (a second signal must not cut the stop short).
+def cmd_up(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    state = _state_dir()
+    state.mkdir(parents=True, exist_ok=True)
+    env, admin_token = _up_env(state)
 
     nats = pg = None
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs = state / "logs"
+    logs.mkdir(exist_ok=True)
+    sup = Supervisor(env, logs, preexec=die_with_parent)
     stopping = False
 
     def shutdown(*_a: object) -> None:
@@ -101,15 +113,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("\nkarios: stopping…", flush=True)
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for p in procs.values():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        sup.stop_all()
         if nats:
             nats.stop()
         if pg:
@@ -129,44 +133,38 @@ def cmd_up(args: argparse.Namespace) -> int:
 
         asyncio.run(ensure_database(env["KARIOS_DATABASE_URL"]))
         settings = KariosSettings(_env_file=None, **{"dev_mode": True})  # ports/host as configured
-        logs = state / "logs"
-        logs.mkdir(exist_ok=True)
-        for name in SERVICES:
-            out = open(logs / f"{name}.log", "ab")  # noqa: SIM115
-            procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "karios.cli", "run", name],
-                env=env,
-                stdout=out,
-                stderr=out,
-                preexec_fn=die_with_parent,
-            )
-        deadline = time.monotonic() + args.timeout
         host = env.get("KARIOS_HOST", settings.host)
+        urls = {}
         for name, spec in SERVICES.items():
             port = int(env.get(f"KARIOS_{spec.port_setting.upper()}", getattr(settings, spec.port_setting)))
+            urls[name] = f"http://{host}:{port}"
+            sup.add(
+                Child(
+                    name,
+                    [sys.executable, "-m", "karios.cli", "run", name],
+                    logs / f"{name}.log",
+                    f"{urls[name]}/readyz",
+                    policy=CrashPolicy(max_crashes=args.max_crashes, window=args.crash_window),
+                )
+            )
+        sup.start_all()
+        deadline = time.monotonic() + args.timeout
+        for name, child in sup.children.items():
+            assert child.proc is not None
             try:
-                _wait_ready(f"http://{host}:{port}/readyz", procs[name], deadline)
+                _wait_ready(child.ready_url, child.proc, deadline)
             except RuntimeError as exc:
-                print(f"karios: {name} failed to start: {exc}; see {logs / (name + '.log')}", file=sys.stderr)
+                print(f"karios: {name} failed to start: {exc}; see {child.log_path}", file=sys.stderr)
                 shutdown()
                 return 1
-            print(f"  {name:14s} ready  http://{host}:{port}", flush=True)
-        gw = int(env.get("KARIOS_GATEWAY_PORT", settings.gateway_port))
-        print(
-            f"\nkarios: all services ready in {time.monotonic() - t0:.1f}s (state in {state})\n"
-            f"  NATS      {env['KARIOS_NATS_URL']}\n"
-            f"  API       http://{host}:{gw}/docs\n"
-            f"  admin token (dev mode): {admin_token}\n"
-            f"  events:   curl -N -H 'Authorization: Bearer {admin_token}' http://{host}:{gw}/controlnode/events\n"
-            "Ctrl-C stops everything.",
-            flush=True,
-        )
+            print(f"  {name:14s} ready  {urls[name]}", flush=True)
+        _print_ready(t0, state, env, host, urls["api-gateway"], admin_token)
         while True:
-            for name, p in procs.items():
-                if p.poll() is not None:
-                    print(f"karios: {name} exited with code {p.returncode}; stopping", file=sys.stderr)
-                    shutdown()
-                    return 1
+            try:
+                sup.poll()
+            except CrashLoop:
+                shutdown()
+                return 1
             time.sleep(0.5)
     except KeyboardInterrupt:
         shutdown()
@@ -176,20 +174,72 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise
 
 
+def _print_ready(t0: float, state: Path, env: dict[str, str], host: str, gw: str, token: str) -> None:
+    print(
+        f"\nkarios: all services ready in {time.monotonic() - t0:.1f}s (state in {state})\n"
+        f"  NATS      {env['KARIOS_NATS_URL']}\n"
+        f"  API       {gw}/docs\n"
+        f"  admin token (dev mode): {token}\n"
+        f"  events:   curl -N -H 'Authorization: Bearer {token}' {gw}/controlnode/events\n"
+        "A crashed service is restarted (see logs/karios.log). Ctrl-C stops everything.",
+        flush=True,
+    )
+
+
 def cmd_token(args: argparse.Namespace) -> int:
-    from karios.api_gateway.auth import Role, create_token
+    from karios.api_gateway.auth import Role, create_token, revoke_token
+    from karios.common.bus.runtime import Bus
     from karios.common.db import Database
     from karios.common.settings import KariosSettings
 
-    async def run() -> str:
-        db = Database(KariosSettings().database_url)
+    settings = KariosSettings()
+
+    async def run() -> str | None:
+        db = Database(settings.database_url)
+        bus: Bus | None = Bus.from_settings(settings, "karios-cli")
         try:
-            return await create_token(db, args.name, Role[args.role])
+            await bus.broker.connect()  # type: ignore[union-attr]
+        except Exception:
+            print("karios: bus unavailable; gateways see the change within token_cache_ttl", file=sys.stderr)
+            bus = None
+        try:
+            if args.revoke:
+                await revoke_token(db, args.name, bus=bus)
+                return None
+            return await create_token(db, args.name, Role[args.role], bus=bus)
         finally:
+            if bus is not None:
+                await bus.stop()
             await db.close()
 
-    print(asyncio.run(run()))
+    from karios.common.errors import KariosError
+
+    try:
+        token = asyncio.run(run())
+    except KariosError as exc:
+        print(f"karios: {exc.message}", file=sys.stderr)
+        return 1
+    print(token if token is not None else f"revoked {args.name}")
     return 0
+
+
+def cmd_ready(args: argparse.Namespace) -> int:
+    """Exit 0 when the service's /readyz on this host answers 200 (container health checks)."""
+    from karios.common.settings import KariosSettings
+
+    spec = SERVICES[args.service]
+    port = int(getattr(KariosSettings(), spec.port_setting))
+    url = f"http://127.0.0.1:{port}/readyz"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as r:
+            body = r.read().decode(errors="replace")
+            ok = r.status == 200
+    except urllib.error.HTTPError as exc:
+        body, ok = exc.read().decode(errors="replace"), False
+    except OSError as exc:
+        body, ok = f"no answer: {exc}", False
+    print(f"{args.service}: {'ready' if ok else 'not ready'} {body}")
+    return 0 if ok else 1
 
 
 def cmd_openapi(args: argparse.Namespace) -> int:
@@ -227,6 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--timeout", type=float, default=90.0, help="seconds to wait for every service to be ready"
     )
+    up.add_argument(
+        "--max-crashes",
+        type=int,
+        default=5,
+        help="give up (stop everything) when one service crashes this often within --crash-window",
+    )
+    up.add_argument("--crash-window", type=float, default=60.0, help="seconds (see --max-crashes)")
     up.set_defaults(fn=cmd_up)
     run = sub.add_parser("run", help="run one service (how production runs it)")
     run.add_argument("service", choices=sorted(SERVICES))
@@ -235,7 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     tok = sub.add_parser("token", help="create (or replace) an API token; prints it once")
     tok.add_argument("name")
     tok.add_argument("--role", choices=["viewer", "operator", "fabric_admin"], default="operator")
+    tok.add_argument("--revoke", action="store_true", help="revoke the token of that name instead")
     tok.set_defaults(fn=cmd_token)
+    rd = sub.add_parser("ready", help="exit 0 if a service on this host is ready (health checks)")
+    rd.add_argument("service", choices=sorted(SERVICES))
+    rd.add_argument("--timeout", type=float, default=2.0)
+    rd.set_defaults(fn=cmd_ready)
     oa = sub.add_parser("openapi", help="print a service's OpenAPI document (docs/openapi/<service>.json)")
     oa.add_argument("service", choices=sorted(SERVICES))
     oa.set_defaults(fn=cmd_openapi)

@@ -68,11 +68,13 @@ class UpstreamError(KariosError):
 
 
 class ServiceUnavailable(KariosError):
-    """A Karios service or the bus did not answer in time."""
+    """A Karios service, the bus or the database did not answer in time (try again later)."""
 
     code = "SERVICE_UNAVAILABLE"
     retryable = True
     http_status = 503
+    #: Seconds a client should wait before trying again (HTTP ``Retry-After``).
+    retry_after: ClassVar[int] = 2
 
 
 class PermanentFailure(KariosError):
@@ -117,6 +119,32 @@ def error_from_dict(body: dict[str, Any]) -> KariosError:
     if cls is InternalError and body.get("code"):
         err.code = str(body["code"])  # type: ignore[misc]
     return err
+
+
+def public_error(exc: BaseException) -> KariosError:
+    """What a caller may see of ``exc``: a :class:`KariosError` as is, anything else an opaque
+    ``INTERNAL`` (no exception class, SQL, parameters or traceback — those go to the log)."""
+    if isinstance(exc, KariosError):
+        return exc
+    return InternalError("internal error: the details are in the service log")
+
+
+def describe_for_log(exc: BaseException) -> str:
+    """A one-line description of ``exc`` for the log, with statement parameters left out.
+
+    SQLAlchemy's message appends ``[SQL: …] [parameters: …]`` (token hashes, ciphertexts) and
+    PostgreSQL's ``DETAIL`` repeats key values: keep the class, the first line of the driver's
+    message and the statement text, never the parameters.
+    """
+    orig = getattr(exc, "orig", None)
+    statement = getattr(exc, "statement", None)
+    if orig is not None or statement is not None:
+        first = str(orig if orig is not None else "").strip().splitlines()[:1]
+        kind = type(orig).__name__ if orig is not None else type(exc).__name__
+        text = f"{type(exc).__name__} ({kind}): {first[0] if first else ''}"
+        return f"{text} [statement: {str(statement)[:300]}]" if statement else text
+    first = str(exc).strip().splitlines()[:1]
+    return f"{type(exc).__name__}: {first[0][:300] if first else ''}"
 
 
 def http_status_for(err: KariosError) -> int:

@@ -8,8 +8,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from karios.common.errors import KariosError, http_status_for
+from karios.common.db.session import unavailable_database_error
+from karios.common.errors import KariosError, ServiceUnavailable, describe_for_log, http_status_for
 from karios.common.telemetry import get_logger
 
 log = get_logger(__name__)
@@ -21,7 +23,8 @@ def error_response(err: KariosError) -> JSONResponse:
     body = err.to_dict()
     # "detail" mirrors FastAPI's own shape so clients can read one key for every error.
     body["detail"] = err.message
-    return JSONResponse(status_code=http_status_for(err), content=body)
+    headers = {"Retry-After": str(err.retry_after)} if isinstance(err, ServiceUnavailable) else None
+    return JSONResponse(status_code=http_status_for(err), content=body, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -48,18 +51,56 @@ def install_error_handlers(app: FastAPI) -> None:
             },
         )
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", error_type=type(exc).__name__)
-        return JSONResponse(
-            status_code=500,
-            content={
-                "code": "INTERNAL",
-                "message": "internal error",
-                "retryable": False,
-                "detail": "internal error",
-            },
-        )
+    app.add_middleware(SafeErrors)
+
+
+def unexpected_error_response(path: str, exc: BaseException) -> JSONResponse:
+    """503 when the database is stalled or gone, else an opaque 500; the redacted cause is logged.
+
+    The body never names the exception (nor SQL, parameters or a traceback).
+    """
+    unavailable = unavailable_database_error(exc)
+    log.error(
+        "database unavailable" if unavailable else "unhandled error", path=path, cause=describe_for_log(exc)
+    )
+    if unavailable is not None:
+        return error_response(unavailable)
+    message = "internal error: the details are in the service log"
+    return JSONResponse(
+        status_code=500,
+        content={"code": "INTERNAL", "message": message, "retryable": False, "detail": message},
+    )
+
+
+class SafeErrors:
+    """ASGI middleware: an exception no handler took becomes :func:`unexpected_error_response`.
+
+    Starlette's own last-resort handler answers too, but then re-raises so the server logs
+    the full traceback and message (SQL with its parameters); this one stops it here.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:  # too late for an error response (a stream broke): log and end it
+                log.error("response failed mid-stream", path=scope.get("path"), cause=describe_for_log(exc))
+                return
+            await unexpected_error_response(str(scope.get("path")), exc)(scope, receive, send)
 
 
 def add_ops_routes(app: FastAPI, ready: ReadyCheck, registry: CollectorRegistry) -> None:

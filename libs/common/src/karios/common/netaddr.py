@@ -19,12 +19,18 @@ def normalize_mac(value: str) -> str:
     return ":".join(raw[i : i + 2] for i in range(0, 12, 2))
 
 
-def is_mac(value: str) -> bool:
+def mac_or_none(value: object) -> str | None:
+    """:func:`normalize_mac` for data we only read (NetBox fields, URL idents): None if not a MAC."""
+    if not isinstance(value, str) or not value:
+        return None
     try:
-        normalize_mac(value)
+        return normalize_mac(value)
     except ValueError:
-        return False
-    return True
+        return None
+
+
+def is_mac(value: str) -> bool:
+    return mac_or_none(value) is not None
 
 
 def normalize_ip(value: str) -> str:

@@ -52,6 +52,20 @@ class KariosSettings(BaseSettings):
         None, description="If set, ensured as a fabric_admin API token at gateway start."
     )
     request_timeout: float = Field(5.0, description="Seconds to wait for a bus request/reply.")
+    db_connect_timeout: float = Field(
+        3.0, gt=0, description="Seconds to open a database connection before answering 503."
+    )
+    db_command_timeout: float = Field(
+        5.0, gt=0, description="Seconds any one database statement may take before answering 503."
+    )
+    token_cache_ttl: float = Field(
+        30.0,
+        ge=0,
+        description=(
+            "Seconds the gateway trusts a verified API token without the database "
+            "(revocation reaches every replica at once by a broadcast; 0 = no cache)."
+        ),
+    )
     max_deliver: int = Field(5, description="Deliveries before a command is dead-lettered.")
     retry_delay: float = Field(2.0, description="Seconds before a retryable failure is redelivered.")
     state_dir: Path = Field(

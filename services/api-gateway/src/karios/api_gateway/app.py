@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from karios.api_gateway.auth import Role, create_token
+from karios.api_gateway.auth import Role, TokenCache, create_token
 from karios.api_gateway.events import EventRelay
 from karios.api_gateway.models import SCHEMA
 from karios.api_gateway.readmodel import ProvisionProjector
@@ -21,6 +21,9 @@ SERVICE = "api-gateway"
 def create_app(settings: KariosSettings | None = None) -> FastAPI:
     settings = settings or KariosSettings()
     rt = ServiceRuntime(SERVICE, settings, schema=SCHEMA, migrations=Path(__file__).parent / "migrations")
+    assert rt.db is not None
+    tokens = TokenCache(rt.db, settings.token_cache_ttl)
+    tokens.listen(rt.bus)
     relay = EventRelay(
         rt.bus, rt.registry, queue_size=settings.sse_queue_size, keepalive=settings.sse_keepalive
     )
@@ -48,6 +51,7 @@ def create_app(settings: KariosSettings | None = None) -> FastAPI:
         on_stop=on_stop,
     )
     app.state.relay = relay
+    app.state.token_cache = tokens
     app.state.secret_box = SecretBox.from_settings(settings)
     for router in ROUTERS():
         app.include_router(router)

@@ -3,6 +3,15 @@
 Roles are ordered: ``viewer`` < ``operator`` < ``fabric_admin``. Every ``/controlnode``
 endpoint declares the least role it needs with ``Depends(require(Role.X))``; installer
 callbacks declare none.
+
+A verified token is cached for ``token_cache_ttl`` seconds (:class:`TokenCache`), so a stalled
+database does not hang every authenticated request. Replacing or revoking a token broadcasts
+:class:`ApiTokenChanged`; every gateway replica drops that token at once (the TTL bounds a
+missed broadcast).
+
+The token goes in the ``Authorization`` header. Only the SSE endpoint also takes it as the
+``access_token`` query parameter (``require(..., query_token=True)``): browsers' EventSource
+cannot set headers, and a query string ends up in access logs and browser history.
 """
 
 from __future__ import annotations
@@ -17,8 +26,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel import select
 
 from karios.api_gateway.models import ApiToken
+from karios.common.bus.broadcasts import ApiTokenChanged
+from karios.common.bus.runtime import Bus
+from karios.common.cache import SingleFlightCache
 from karios.common.db import Database
-from karios.common.errors import Forbidden, Unauthorized
+from karios.common.errors import Forbidden, NotFound, ServiceUnavailable, Unauthorized
+from karios.common.telemetry import get_logger
+
+log = get_logger(__name__)
 
 
 class Role(enum.IntEnum):
@@ -28,6 +43,8 @@ class Role(enum.IntEnum):
 
 
 TOKEN_PREFIX = "kt_"  # noqa: S105 (a prefix, not a secret)
+#: How long an unknown token's rejection is remembered (a new token works after at most this).
+NEGATIVE_TTL_S = 1.0
 
 
 def new_token() -> str:
@@ -45,7 +62,23 @@ class Principal:
     role: Role
 
 
-async def create_token(db: Database, name: str, role: Role, token: str | None = None) -> str:
+def token_changed_subject(bus: Bus) -> str:
+    return bus.subjects.broadcast("gateway", "api_token_changed")
+
+
+async def _announce(bus: Bus | None, name: str) -> None:
+    """Tell every gateway replica; if the bus is away, their cache TTL still bounds the change."""
+    if bus is None:
+        return
+    try:
+        await bus.broadcast(ApiTokenChanged(name=name), token_changed_subject(bus))
+    except ServiceUnavailable:
+        log.warning("token change not broadcast (bus unavailable); caches expire by TTL", token_name=name)
+
+
+async def create_token(
+    db: Database, name: str, role: Role, token: str | None = None, *, bus: Bus | None = None
+) -> str:
     """Store a token (generated unless given) under ``name``; replaces an existing one of that name."""
     token = token or new_token()
     async with db.session() as s, s.begin():
@@ -54,7 +87,18 @@ async def create_token(db: Database, name: str, role: Role, token: str | None = 
             s.add(ApiToken(name=name, role=role.name, token_hash=hash_token(token)))
         else:
             row.role, row.token_hash, row.revoked = role.name, hash_token(token), False
+    await _announce(bus, name)
     return token
+
+
+async def revoke_token(db: Database, name: str, *, bus: Bus | None = None) -> None:
+    """Revoke the token called ``name`` (every replica stops accepting it at once)."""
+    async with db.session() as s, s.begin():
+        row = (await s.exec(select(ApiToken).where(ApiToken.name == name))).first()
+        if row is None:
+            raise NotFound(f"no API token named {name!r}", field="name")
+        row.revoked = True
+    await _announce(bus, name)
 
 
 async def authenticate(db: Database, token: str) -> Principal | None:
@@ -65,18 +109,51 @@ async def authenticate(db: Database, token: str) -> Principal | None:
     return Principal(row.name, Role[row.role])
 
 
+class TokenCache:
+    """Verified tokens by hash for ``ttl`` seconds, single-flight; dropped by name on a broadcast."""
+
+    def __init__(self, db: Database, ttl: float) -> None:
+        self.db = db
+        self._cache: SingleFlightCache[Principal] = SingleFlightCache(
+            ttl=ttl, negative_ttl=min(ttl, NEGATIVE_TTL_S)
+        )
+
+    async def authenticate(self, token: str) -> Principal | None:
+        key = hash_token(token)
+        result = await self._cache.get_or_load(
+            key, lambda: authenticate(self.db, token), tags=lambda p: (f"name:{p.name}",)
+        )
+        return result.value
+
+    async def on_token_changed(self, msg: ApiTokenChanged) -> None:
+        self._cache.invalidate([f"name:{msg.name}"])
+
+    def listen(self, bus: Bus) -> None:
+        """Subscribe to token changes (call before the bus starts)."""
+        bus.broadcast_handler(token_changed_subject(bus), ApiTokenChanged, self.on_token_changed)
+
+
 _bearer = HTTPBearer(auto_error=False, description="Karios API token (kt_…)")
 
 
-def require(role: Role):  # type: ignore[no-untyped-def]
+def require(role: Role, *, query_token: bool = False):  # type: ignore[no-untyped-def]
+    """Dependency: a principal with at least ``role``; ``query_token`` also accepts
+    ``?access_token=`` (only the SSE endpoint: EventSource cannot send headers)."""
+
     async def dependency(
         request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)
     ) -> Principal:
-        token = creds.credentials if creds else request.query_params.get("access_token")
+        token = creds.credentials if creds else None
+        if token is None and "access_token" in request.query_params:
+            if not query_token:
+                raise Unauthorized(
+                    "access_token in the query string is only accepted by /controlnode/events; "
+                    "send the token as 'Authorization: Bearer <token>'"
+                )
+            token = request.query_params["access_token"]
         if not token:
             raise Unauthorized("missing bearer token")
-        db: Database = request.app.state.runtime.db
-        principal = await authenticate(db, token)
+        principal = await _verify(request, token)
         if principal is None:
             raise Unauthorized("invalid or revoked token")
         if principal.role < role:
@@ -84,3 +161,10 @@ def require(role: Role):  # type: ignore[no-untyped-def]
         return principal
 
     return dependency
+
+
+async def _verify(request: Request, token: str) -> Principal | None:
+    cache: TokenCache | None = getattr(request.app.state, "token_cache", None)
+    if cache is not None:
+        return await cache.authenticate(token)
+    return await authenticate(request.app.state.runtime.db, token)

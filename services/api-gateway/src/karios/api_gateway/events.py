@@ -15,10 +15,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import nats.errors
-from nats.js.api import ConsumerConfig, DeliverPolicy
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from karios.common.bus.consumers import OrderedSubscription, StreamEvent
 from karios.common.bus.runtime import Bus
 from karios.common.channels import channel_matches, route_event
 from karios.common.telemetry import get_logger
@@ -66,7 +65,7 @@ class EventRelay:
     keepalive: float = 15.0
     clients: set[SSEClient] = field(default_factory=set)
     last_seq: int = 0
-    _sub: Any = None
+    _sub: OrderedSubscription | None = None
 
     def __post_init__(self) -> None:
         self.m_clients = Gauge("karios_sse_clients", "Connected SSE clients", registry=self.registry)
@@ -79,19 +78,18 @@ class EventRelay:
             registry=self.registry,
         )
 
-    def decode(self, msg: Any) -> RelayedEvent:
-        seq = msg.metadata.sequence.stream
+    def decode(self, msg: StreamEvent) -> RelayedEvent:
         try:
             domain, fact, _entity = self.bus.subjects.parse_event(msg.subject)
             data = json.loads(msg.data).get("data") or {}
         except (ValueError, AttributeError):
             domain, fact, data = "unknown", "unknown", {}
         name, channels = route_event(domain, fact, data if isinstance(data, dict) else {})
-        wire = b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, name.encode(), msg.data)
-        return RelayedEvent(seq, name, frozenset(channels), msg.data, msg.subject, wire)
+        wire = b"id: %d\nevent: %s\ndata: %s\n\n" % (msg.seq, name.encode(), msg.data)
+        return RelayedEvent(msg.seq, name, frozenset(channels), msg.data, msg.subject, wire)
 
     async def start(self) -> None:
-        async def on_msg(msg: Any) -> None:
+        async def on_event(msg: StreamEvent) -> None:
             ev = self.decode(msg)
             self.last_seq = ev.seq
             self.m_events.inc()
@@ -101,47 +99,19 @@ class EventRelay:
                 if client.overflowed and not was:
                     self.m_overflow.inc()
 
-        self._sub = await self.bus.js.subscribe(
-            self.bus.subjects.all_events,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.NEW,
-            cb=on_msg,
-        )
+        self._sub = await self.bus.subscribe_events(on_event)
 
     async def stop(self) -> None:
         if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception:
-                log.debug("relay unsubscribe failed", exc_info=True)
+            await self._sub.stop()
 
     async def stream_last_seq(self) -> int:
-        info = await self.bus.js.stream_info(self.bus.subjects.evt_stream)
-        return int(info.state.last_seq)
+        return await self.bus.last_event_seq()
 
     async def replay(self, after: int, until: int) -> AsyncIterator[RelayedEvent]:
         """Events with after < seq <= until, from the stream."""
-        if until <= after:
-            return
-        sub = await self.bus.js.subscribe(
-            self.bus.subjects.all_events,
-            ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1),
-        )
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=5.0)
-                except nats.errors.TimeoutError:
-                    return
-                ev = self.decode(msg)
-                if ev.seq > until:
-                    return
-                yield ev
-                if ev.seq >= until:
-                    return
-        finally:
-            await sub.unsubscribe()
+        async for msg in self.bus.read_events(after, until):
+            yield self.decode(msg)
 
     async def stream(self, wanted: set[str] | None, last_event_id: int | None) -> AsyncIterator[bytes]:
         client = SSEClient(wanted, asyncio.Queue(maxsize=self.queue_size))

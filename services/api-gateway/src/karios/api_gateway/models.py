@@ -1,13 +1,19 @@
-"""Tables owned by the gateway (schema ``gateway``): API tokens and the read models."""
+"""Tables owned by the gateway (schema ``gateway``): API tokens and the read models; and the
+request bodies of the provisioning routes (the seed's field names)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any, Literal
 
 import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict
+from pydantic import Field as PField
 from sqlmodel import Field, SQLModel
 
 from karios.common.db import processed_messages_table
+from karios.common.netaddr import IPStr
+from karios.common.provisioning import VENDORS
 
 SCHEMA = "gateway"
 
@@ -31,3 +37,113 @@ class ApiToken(SQLModel, table=True):
 
 
 processed_messages = processed_messages_table(SQLModel.metadata, SCHEMA)
+
+
+# -- provisioning request bodies ----------------------------------------------------------
+NO_EFFECT = "No effect: accepted for compatibility and kept in the job's metadata"
+
+
+class ProvisionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    bmc_IP: IPStr = PField(
+        description="BMC IP address (required; must be in the inventory); one running job per BMC"
+    )
+    vendor: str = PField(description=f"BMC driver (required): {' | '.join(VENDORS)}")
+    hostname: str = PField("", description="OS hostname: lowercase letters, digits and '-' (max 63)")
+    debian_version: str = PField("12", description="12/bookworm or 13/trixie (the OS catalog's releases)")
+    arch: str = PField("amd64", description="Only amd64 media are built")
+    os_username: str = PField("debian", description="OS user created by the installer (a Linux user name)")
+    os_password: str | None = PField(None, description="OS password (default adminadmin); stored hashed only")
+    root_pass: str | None = PField(None, description="Root password; root login disabled when unset")
+    selected_disks: list[str] = PField(default_factory=list, description="Install disks (sda or /dev/sda)")
+    pool_type: str = PField("single", description="single|stripe|mirror|raidz1|raidz2 → md RAID -/0/1/5/6")
+    selected_nic: str = PField("", description="Installer interface name (default: auto)")
+    selected_nic_legacy: str = PField("", description=NO_EFFECT)
+    selected_nic_mac: str = PField("", description="MAC of the selected NIC")
+    mac_address: str = PField("", description=NO_EFFECT)
+    prefix_id: int | None = PField(
+        None, description="Static address from this inventory prefix (NetBox) or the file inventory's pool"
+    )
+    network_role: str = PField("", description=NO_EFFECT)
+    gpu_passthrough: Any = PField(None, description="true, [vendor:device ids] or {device_ids, iommu}")
+    controlnode_host: str = PField("", description="Callback host the installer uses (default: public URL)")
+    controlnode_port: str = PField("", description="Callback port")
+    device_id: int | None = PField(None, description=NO_EFFECT)
+    install_method: Literal["image", "preseed"] | None = PField(
+        None,
+        description="image: a live environment writes a prebuilt Debian root filesystem (complete and "
+        "fast); preseed: the Debian installer (needs a complete mirror). Default: the provisioner's "
+        "KARIOS_PROVISIONER_INSTALL_METHOD",
+    )
+    mirror: str = PField(
+        "", description="Debian archive for this install, host[:port]/dir or URL (default: the deployment's)"
+    )
+    http_proxy: str = PField(
+        "", description="HTTP proxy the installer downloads through, http://host:port (default: deployment's)"
+    )
+    branch: str = PField("", description=NO_EFFECT)
+    cache_dir: str = PField("", description=NO_EFFECT)
+    kubernetes_cluster_name: str = PField("", description=NO_EFFECT)
+    kubernetes_cluster_type: str = PField("", description=NO_EFFECT)
+    location: str = PField("", description=NO_EFFECT)
+    output_iso: str = PField("", description=NO_EFFECT)
+    pxe_path: str = PField("", description=NO_EFFECT)
+    pxe_server: str = PField("", description=NO_EFFECT)
+    rack_number: str = PField("", description=NO_EFFECT)
+    sys_iuri: str = PField("", description=NO_EFFECT)
+    vm_slot: str = PField("", description=NO_EFFECT)
+    zone: str = PField("", description=NO_EFFECT)
+    parent_id: str = PField("", description="Batch job id: jobs started by one UI action share it")
+
+
+class Accepted(BaseModel):
+    job_id: str
+    message: str
+    status: str = "queued"
+    success: bool = True
+
+
+class BmcIpBody(BaseModel):
+    bmc_ip: IPStr
+
+
+class StepBody(BaseModel):
+    step: str = PField(min_length=1, max_length=200, description="Stage key (network, partitioning, …)")
+    state: Literal["active", "done", "failed"]
+    percent: int | None = PField(None, ge=0, le=100, description="Default: the stage's percentage")
+    message: str | None = PField(
+        None, max_length=16384, description="The installer's own words (the first 1 KB is kept)"
+    )
+    log: list[str] | None = PField(
+        None, max_length=1000, description="The installer's last log lines (the last 50 × 300 chars are kept)"
+    )
+
+
+class CompleteBody(BaseModel):
+    os_ip: str = ""
+    os_password: str | None = None
+    message: str | None = PField(
+        None, max_length=16384, description="Summary (e.g. a wipe's per-disk results; first 1 KB kept)"
+    )
+    log: list[str] | None = PField(
+        None, max_length=1000, description="The installer's last log lines (the last 50 × 300 chars are kept)"
+    )
+
+
+class FirstbootBody(BaseModel):
+    bmc_ip: IPStr
+    os_ip: IPStr
+
+
+class UnprovisionBody(BaseModel):
+    bmc_ip: IPStr
+    bmc_user: str | None = None
+    bmc_pass: str | None = None
+    vendor: str = "generic"
+
+
+class JobPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    metadata: str | dict[str, Any] | None = None
+    resource_name: str | None = None

@@ -1,29 +1,24 @@
 """The gateway's read model of provisioning: ``jobs`` and ``provision_progresses`` (schema ``gateway``).
 
-:class:`ProvisionProjector` is a durable JetStream consumer of ``evt.provision.>``; each event is
-applied in one transaction with ``claim_message`` so a redelivered event changes nothing.
+:class:`ProvisionProjector` is a durable pull consumer (``Bus.pull_events``) of ``evt.provision.>``;
+each event is applied in one transaction with ``claim_message`` so a redelivered event changes nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 from datetime import UTC, datetime
 from typing import Any
 
-import nats.errors
 import sqlalchemy as sa
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from pydantic import BaseModel
+from pydantic import Field as PField
 from sqlmodel import Field, SQLModel
 
 from karios.api_gateway.models import SCHEMA, processed_messages
 from karios.common.bus.runtime import Bus
 from karios.common.contracts.provision import JobProgress
 from karios.common.db import Database, claim_message
-from karios.common.telemetry import get_logger
 
-log = get_logger(__name__)
 CONSUMER = "gateway-provision-projector"
 
 
@@ -49,6 +44,7 @@ class JobRow(SQLModel, table=True):
     resource_name: str = Field(default="", max_length=255)
     total_jobs: int = 1
     message: str = ""
+    log_tail: list[str] | None = Field(default=None, sa_type=sa.JSON)  # installer's last log lines
     created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
     updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
 
@@ -68,37 +64,74 @@ class ProvisionProgress(SQLModel, table=True):
     updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
 
 
+class JobOut(BaseModel):
+    """``GET/PATCH /controlnode/job/{id}``: the seed's job fields, plus ``bmc_ip``, ``message``
+    and ``log_tail`` (the installer's last log lines, newest last)."""
+
+    created_at: str
+    id: str
+    job_status: str = PField(description="The state machine's state (queued … completed, failed, …)")
+    job_type: str = PField(description="provision | unprovision | <type>_batch")
+    metadata: str = PField(description="JSON text: request fields with no effect, and PATCHed metadata")
+    node_ip: str
+    parent_id: str
+    progress: int = PField(description="0-100")
+    resource_name: str
+    status: str = PField(description="running | completed | failed | cancelled | stuck")
+    total_jobs: int
+    updated_at: str
+    bmc_ip: str
+    message: str
+    log_tail: list[str] = PField(default_factory=list, description="The installer's last log lines")
+
+
+class ProgressOut(BaseModel):
+    """One ``provision_progresses`` record (``POST /controlnode/provision/progress[/all]``)."""
+
+    bmc_ip: str
+    created_at: str
+    id: int
+    job_id: str = PField(description="active queue job id for UI cancel recovery")
+    message: str = PField(description="detailed status message")
+    percent_complete: int = PField(description="0-100")
+    stage: str = PField(description='e.g. "Building ISO", "Mounting ISO", "Installing OS"')
+    status: str = PField(description="running, completed, failed, cancelled, stuck")
+    updated_at: str
+
+
 def job_json(row: JobRow) -> dict[str, Any]:
-    return {
-        "created_at": row.created_at.isoformat(),
-        "id": row.id,
-        "job_status": row.job_status,
-        "job_type": row.job_type,
-        "metadata": row.metadata_,
-        "node_ip": row.node_ip,
-        "parent_id": row.parent_id,
-        "progress": row.progress,
-        "resource_name": row.resource_name,
-        "status": row.status,
-        "total_jobs": row.total_jobs,
-        "updated_at": row.updated_at.isoformat(),
-        "bmc_ip": row.bmc_ip,
-        "message": row.message,
-    }
+    return JobOut(
+        created_at=row.created_at.isoformat(),
+        id=row.id,
+        job_status=row.job_status,
+        job_type=row.job_type,
+        metadata=row.metadata_,
+        node_ip=row.node_ip,
+        parent_id=row.parent_id,
+        progress=row.progress,
+        resource_name=row.resource_name,
+        status=row.status,
+        total_jobs=row.total_jobs,
+        updated_at=row.updated_at.isoformat(),
+        bmc_ip=row.bmc_ip,
+        message=row.message,
+        log_tail=list(row.log_tail or []),
+    ).model_dump()
 
 
 def progress_json(row: ProvisionProgress) -> dict[str, Any]:
-    return {
-        "bmc_ip": row.bmc_ip,
-        "created_at": row.created_at.isoformat(),
-        "id": row.id,
-        "job_id": row.job_id,
-        "message": row.message,
-        "percent_complete": row.percent_complete,
-        "stage": row.stage,
-        "status": row.status,
-        "updated_at": row.updated_at.isoformat(),
-    }
+    assert row.id is not None
+    return ProgressOut(
+        bmc_ip=row.bmc_ip,
+        created_at=row.created_at.isoformat(),
+        id=row.id,
+        job_id=row.job_id,
+        message=row.message,
+        percent_complete=row.percent_complete,
+        stage=row.stage,
+        status=row.status,
+        updated_at=row.updated_at.isoformat(),
+    ).model_dump()
 
 
 async def apply_progress(db: Database, message_id: str, ev: JobProgress) -> bool:
@@ -112,6 +145,8 @@ async def apply_progress(db: Database, message_id: str, ev: JobProgress) -> bool
             s.add(job)
         job.job_status, job.status, job.progress = ev.state, ev.status, ev.percent
         job.message = ev.message
+        if ev.log_tail:
+            job.log_tail = list(ev.log_tail)
         job.node_ip = ev.node_ip or job.node_ip
         job.resource_name = ev.resource_name or job.resource_name
         job.updated_at = _now()
@@ -133,58 +168,16 @@ class ProvisionProjector:
 
     def __init__(self, bus: Bus, db: Database) -> None:
         self.bus, self.db = bus, db
-        self._task: asyncio.Task[None] | None = None
-        self._sub: Any = None
+        self._consumer: Any = None
+
+    async def _apply(self, ev: JobProgress, env: Any) -> None:
+        await apply_progress(self.db, env.id, ev)
 
     async def start(self) -> None:
-        cfg = ConsumerConfig(
-            durable_name=CONSUMER,
-            filter_subject=self.bus.subjects.events_of("provision"),
-            ack_policy=AckPolicy.EXPLICIT,
-            deliver_policy=DeliverPolicy.ALL,
-            ack_wait=30,
-            max_ack_pending=1000,
+        self._consumer = await self.bus.pull_events(
+            CONSUMER, self.bus.subjects.events_of("provision"), JobProgress, self._apply
         )
-        self._sub = await self.bus.js.pull_subscribe(
-            self.bus.subjects.events_of("provision"),
-            durable=CONSUMER,
-            stream=self.bus.subjects.evt_stream,
-            config=cfg,
-        )
-        self._task = asyncio.create_task(self._loop())
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                msgs = await self._sub.fetch(50, timeout=1.0)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("projector fetch failed", error=type(exc).__name__)
-                await asyncio.sleep(1.0)
-                continue
-            for msg in msgs:
-                await self._handle(msg)
-
-    async def _handle(self, msg: Any) -> None:
-        try:
-            env = json.loads(msg.data)
-            if env.get("type") != JobProgress.TYPE:
-                await msg.ack()
-                return
-            await apply_progress(self.db, env["id"], JobProgress.model_validate(env["data"]))
-            await msg.ack()
-        except Exception as exc:
-            log.warning("projector could not apply event", subject=msg.subject, error=type(exc).__name__)
-            await msg.nak(delay=1.0)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+        if self._consumer is not None:
+            await self._consumer.stop()

@@ -6,7 +6,6 @@ Contract: ``../shared/seeds/003_030e9310165fcfbd.txt`` (summarised in ``docs/boo
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,9 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, Response
-from faststream.nats import NatsMessage
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
 
 from karios.bootapi.hosts import BusHostSource, CachedHostSource, HostSource
 from karios.bootapi.metrics import BootapiMetrics
@@ -132,22 +129,15 @@ def create_app(
         else None
     )
 
-    async def on_inventory_event(body: Any, msg: NatsMessage) -> None:
-        try:
-            _domain, fact, _entity = subjects.parse_event(msg.raw_message.subject)
-            if fact != "device.changed":
-                return
-            data = json.loads(msg.raw_message.data)
-            event = DeviceChanged.model_validate(data.get("data", data))
-        except (ValueError, ValidationError) as exc:
-            log.warning("ignored a malformed inventory event", error=str(exc)[:200])
-            return
+    async def on_device_changed(event: DeviceChanged) -> None:
         dropped = hosts.invalidate(device_id=event.device_id, name=event.name, macs=event.macs)
         log.debug("host cache invalidated", device=event.name, dropped=dropped)
 
     if host_source is None:
-        # Core subscription (no queue group): every replica drops its own cache entries.
-        rt.bus.broker.subscriber(subjects.events_of("inventory"), no_reply=True)(on_inventory_event)
+        # Every replica (no queue group) drops its own cache entries.
+        rt.bus.broadcast_handler(
+            subjects.events_of_fact("inventory", "device.changed"), DeviceChanged, on_device_changed
+        )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

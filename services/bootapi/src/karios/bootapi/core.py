@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from karios.common.contracts.inventory import Host
-from karios.common.netaddr import normalize_mac
+from karios.common.netaddr import mac_or_none
 from karios.common.oscatalog import CatalogEntry, NoCatalogEntry, TemplateSet
 
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})$")
@@ -43,12 +43,7 @@ def strip_suffix(value: str, suffixes: tuple[str, ...]) -> str:
 
 def parse_ipxe_mac(raw: str | None) -> str | None:
     """The MAC of ``/ipxe/{mac}`` in any notation (``.ipxe`` stripped), or None if it is not one."""
-    if not raw:
-        return None
-    try:
-        return normalize_mac(strip_suffix(raw.strip(), (".ipxe",)))
-    except ValueError:
-        return None
+    return mac_or_none(strip_suffix(raw.strip(), (".ipxe",))) if raw else None
 
 
 @dataclass(frozen=True)
@@ -71,10 +66,7 @@ class Ident:
 def parse_ident(raw: str) -> Ident | None:
     """Parse an ident (``.ks``/``.cfg`` stripped); None when it can be neither a MAC nor a hostname."""
     value = strip_suffix(raw.strip(), (".ks", ".cfg"))
-    try:
-        mac = normalize_mac(value)
-    except ValueError:
-        mac = None
+    mac = mac_or_none(value)
     if mac is not None and not _BARE_HEX.match(value):
         return Ident(mac=mac)
     name = value if _HOSTNAME.match(value) else None
@@ -124,10 +116,8 @@ def boot_mac(host: Host) -> str:
     """The MAC an installer should configure: first non-management interface that has one."""
     for iface in [*(i for i in host.interfaces if not i.mgmt_only), *host.interfaces]:
         for m in iface.macs:
-            try:
-                return normalize_mac(m)
-            except ValueError:
-                continue
+            if (mac := mac_or_none(m)) is not None:
+                return mac
     return ""
 
 

@@ -16,7 +16,7 @@ from karios.common.bus.runtime import Bus
 from karios.common.cache import SingleFlightCache
 from karios.common.contracts.inventory import DeviceChanged, Host, HostQuery, SetPxeEnabled
 from karios.common.errors import KariosError, NotFound, UpstreamError
-from karios.common.netaddr import normalize_mac
+from karios.common.netaddr import mac_or_none, normalize_mac
 
 
 class HostSource(Protocol):
@@ -126,11 +126,7 @@ class CachedHostSource:
         tags = {f"id:{device_id}"} if device_id is not None else set()
         if name:
             tags.add(f"name:{name.lower()}")
-        for m in macs:
-            try:
-                tags.add(f"mac:{normalize_mac(m)}")
-            except ValueError:
-                continue
+        tags |= {f"mac:{mac}" for mac in map(mac_or_none, macs) if mac is not None}
         # A MAC or name of a cached host stands for the whole host (its other keys go too).
         for tag in list(tags):
             host = self._cache.peek(tag)

@@ -32,6 +32,7 @@ class FabricConfigRow(SQLModel, table=True):
     underlay_mtu: int = 0  # preflight consensus; 0 = unknown
     underlay_cidr: str = ""  # last preflight's underlay_cidr (apply falls back to management_cidr)
     node_overrides: list = Field(default_factory=list, sa_type=sa.JSON)  # last preflight's overrides
+    preflight_nodes: list = Field(default_factory=list, sa_type=sa.JSON)  # last preflight's NodeSeen list
     created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
     updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
 

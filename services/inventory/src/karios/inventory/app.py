@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from faststream.nats import NatsMessage
 
-from karios.common.bus.envelope import RawEnvelope
 from karios.common.cache import SingleFlightCache
 from karios.common.contracts.inventory import (
     AllocateIp,
@@ -180,19 +177,12 @@ def create_app(
     rt.bus.query_responder(subjects.request("inventory", "allocate_ip"), AllocateIp, allocate_ip)
 
     # Every replica (no queue group) drops its cache entries when any device changes.
-    async def on_inventory_event(body: Any, msg: NatsMessage) -> None:
-        raw = msg.raw_message
-        try:
-            _domain, fact, _entity = subjects.parse_event(raw.subject)
-            if fact != "device.changed":
-                return
-            evt = DeviceChanged.model_validate(RawEnvelope.model_validate_json(raw.data).data)
-        except Exception as exc:
-            log.warning("ignoring malformed inventory event", subject=raw.subject, error=type(exc).__name__)
-            return
+    async def on_device_changed(evt: DeviceChanged) -> None:
         inventory.apply_change(evt)
 
-    rt.bus.broker.subscriber(subjects.events_of("inventory"), no_reply=True)(on_inventory_event)
+    rt.bus.broadcast_handler(
+        subjects.events_of_fact("inventory", "device.changed"), DeviceChanged, on_device_changed
+    )
 
     async def on_stop(_rt: ServiceRuntime) -> None:
         await store.close()

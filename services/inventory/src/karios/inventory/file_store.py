@@ -45,21 +45,15 @@ class FileInterface(HostInterface):
         return [normalize_mac(m) for m in v]
 
 
-class FileDevice(BaseModel):
+class FileDevice(Host):
+    """A device of the YAML file: the contract's :class:`Host` plus what only the file holds
+    (disks, GPUs, disabled interfaces; ``pxe_enabled`` may be left unset)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    id: int | None = None
-    name: str
-    platform: str = ""
-    role: str = ""
-    site: str = ""
-    rack: str = ""
-    primary_ipv4: str = ""
-    primary_ipv6: str = ""
-    oob_ip: str = ""
-    pxe_enabled: bool | None = None
+    pxe_enabled: bool | None = None  # type: ignore[assignment]
     custom_fields: dict[str, Any] = Field(default_factory=dict)
-    interfaces: list[FileInterface] = Field(default_factory=list)
+    interfaces: list[FileInterface] = Field(default_factory=list)  # type: ignore[assignment]
     disks: list[Disk] = Field(default_factory=list)
     gpus: list[Gpu] = Field(default_factory=list)
 
@@ -72,16 +66,11 @@ class FileDevice(BaseModel):
         cf = dict(self.custom_fields)
         if self.pxe_enabled is not None:
             cf["pxe_enabled"] = self.pxe_enabled
+        fields = self.model_dump(
+            include=set(Host.model_fields), exclude={"pxe_enabled", "custom_fields", "interfaces"}
+        )
         return Host(
-            id=self.id,
-            name=self.name,
-            platform=self.platform,
-            role=self.role,
-            site=self.site,
-            rack=self.rack,
-            primary_ipv4=self.primary_ipv4,
-            primary_ipv6=self.primary_ipv6,
-            oob_ip=self.oob_ip,
+            **fields,
             interfaces=[
                 HostInterface.model_validate(i.model_dump(exclude={"enabled"})) for i in self.interfaces
             ],

@@ -17,20 +17,20 @@ from karios.common.errors import KariosError, NotFound
 from karios.inventory.store import Ident, InventoryStore
 
 
+def _device_tags(name: str, device_id: int | None, macs: list[str]) -> list[str]:
+    """Cache tags of one device: a change event naming any of them drops the entry."""
+    tags = [f"name:{name}"]
+    if device_id is not None:
+        tags.append(f"id:{device_id}")
+    return tags + [f"mac:{m}" for m in macs]
+
+
 def host_tags(host: Host) -> list[str]:
-    tags = [f"name:{host.name}"]
-    if host.id is not None:
-        tags.append(f"id:{host.id}")
-    tags += [f"mac:{m}" for i in host.interfaces for m in i.macs]
-    return tags
+    return _device_tags(host.name, host.id, [m for i in host.interfaces for m in i.macs])
 
 
 def hardware_tags(hw: BmcHardware) -> list[str]:
-    tags = [f"name:{hw.device_name}"]
-    if hw.device_id is not None:
-        tags.append(f"id:{hw.device_id}")
-    tags += [f"mac:{m}" for n in hw.nics for m in n.macs]
-    return tags
+    return _device_tags(hw.device_name, hw.device_id, [m for n in hw.nics for m in n.macs])
 
 
 def change_tags(evt: DeviceChanged) -> list[str]:

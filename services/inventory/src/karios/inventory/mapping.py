@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from karios.common.contracts.inventory import BmcHardware, Disk, Gpu, Host, HostInterface, Nic
-from karios.common.netaddr import normalize_mac
+from karios.common.netaddr import mac_or_none
 
 Json = Mapping[str, Any]
 
@@ -46,12 +46,7 @@ def _str(value: Any) -> str:
 
 
 def _safe_mac(value: Any) -> str | None:
-    if not value:
-        return None
-    try:
-        return normalize_mac(str(value))
-    except ValueError:
-        return None
+    return mac_or_none(str(value)) if value else None
 
 
 def interface_macs(iface: Json) -> tuple[list[str], str]:
@@ -193,30 +188,45 @@ def _module_kind(module_type: Json, rules: HardwareRules) -> str | None:
     return None
 
 
+def _item_common(item: Json) -> dict[str, Any]:
+    """Fields every inventory item (disk or GPU) maps the same way."""
+    cf = item.get("custom_fields") or {}
+    return {
+        "name": _str(item.get("label") or item.get("name")),
+        "model": _str(item.get("part_id")),
+        "manufacturer": _str(_get(item, "manufacturer", "name")),
+        "serial": _str(item.get("serial")),
+        "pci_address": _pci(cf.get("pci_address"), item.get("description")),
+        "source": "inventory-item",
+    }
+
+
+def _module_common(module: Json, module_type: Json) -> dict[str, Any]:
+    """Fields every module (disk or GPU) maps the same way; ``model`` differs and is left out."""
+    cf = module.get("custom_fields") or {}
+    return {
+        "name": _str(_get(module, "module_bay", "name") or module_type.get("model")),
+        "manufacturer": _str(_get(module_type, "manufacturer", "name")),
+        "serial": _str(module.get("serial")),
+        "pci_address": _pci(cf.get("pci_address"), module.get("description")),
+        "source": "module",
+    }
+
+
 def disk_from_item(item: Json) -> Disk:
     cf = item.get("custom_fields") or {}
     return Disk(
-        name=_str(item.get("label") or item.get("name")),
-        model=_str(item.get("part_id")),
-        manufacturer=_str(_get(item, "manufacturer", "name")),
-        serial=_str(item.get("serial")),
+        **_item_common(item),
         size_gb=_number(cf.get("size_gb")) or size_gb_from_text(_str(item.get("description"))),
         bus=_str(cf.get("bus")).lower(),
-        pci_address=_pci(cf.get("pci_address"), item.get("description")),
-        source="inventory-item",
     )
 
 
 def gpu_from_item(item: Json) -> Gpu:
     cf = item.get("custom_fields") or {}
     return Gpu(
-        name=_str(item.get("label") or item.get("name")),
-        model=_str(item.get("part_id")),
-        manufacturer=_str(_get(item, "manufacturer", "name")),
-        serial=_str(item.get("serial")),
+        **_item_common(item),
         memory_gb=_number(cf.get("memory_gb")) or size_gb_from_text(_str(item.get("description"))),
-        pci_address=_pci(cf.get("pci_address"), item.get("description")),
-        source="inventory-item",
     )
 
 
@@ -224,14 +234,10 @@ def disk_from_module(module: Json, module_type: Json) -> Disk:
     attrs = module_type.get("attributes") or module_type.get("attribute_data") or {}
     cf = module.get("custom_fields") or {}
     return Disk(
-        name=_str(_get(module, "module_bay", "name") or module_type.get("model")),
+        **_module_common(module, module_type),
         model=_str(module_type.get("model") or _get(module, "module_type", "model")),
-        manufacturer=_str(_get(module_type, "manufacturer", "name")),
-        serial=_str(module.get("serial")),
         size_gb=_number(attrs.get("size")) or _number(cf.get("size_gb")),
         bus=_str(attrs.get("type")).lower(),
-        pci_address=_pci(cf.get("pci_address"), module.get("description")),
-        source="module",
     )
 
 
@@ -239,13 +245,9 @@ def gpu_from_module(module: Json, module_type: Json) -> Gpu:
     attrs = module_type.get("attributes") or module_type.get("attribute_data") or {}
     cf = module.get("custom_fields") or {}
     return Gpu(
-        name=_str(_get(module, "module_bay", "name") or module_type.get("model")),
+        **_module_common(module, module_type),
         model=_str(module_type.get("model") or attrs.get("gpu")),
-        manufacturer=_str(_get(module_type, "manufacturer", "name")),
-        serial=_str(module.get("serial")),
         memory_gb=_number(attrs.get("memory")) or _number(cf.get("memory_gb")),
-        pci_address=_pci(cf.get("pci_address"), module.get("description")),
-        source="module",
     )
 
 

@@ -16,22 +16,9 @@ from karios.common.contracts.inventory import (
 )
 from karios.inventory.models import BmcInfo
 
-_UPDATABLE = (
-    "bmc_username",
-    "bmc_password_enc",
-    "os_hostname",
-    "fqdn",
-    "os_ip",
-    "os_username",
-    "os_password_enc",
-    "primary_mac",
-    "serial_number",
-    "vendor",
-    "atlas_device_id",
-    "atlas_location_id",
-    "atlas_rack_id",
-    "atlas_site_id",
-)
+# The contract is the one list of registrable fields; the table must hold every one of them
+# (tests/unit/inventory checks it). The key and the control-node flag are handled apart.
+_UPDATABLE = tuple(n for n in RegisterNode.model_fields if n not in ("bmc_ip", "is_control_node"))
 
 
 async def upsert_node(session: AsyncSession, cmd: RegisterNode) -> RegisterNodeResult:
@@ -90,15 +77,12 @@ def node_access(row: BmcInfo) -> NodeAccess | None:
     """SSH details of a node (password as stored ciphertext); ``None`` without an OS IP."""
     if not row.os_ip:
         return None
+    shared = summarize(row).model_dump(include={"bmc_ip", "hostname", "fqdn", "node_ip", "vendor"})
     return NodeAccess(
-        bmc_ip=row.bmc_ip,
-        hostname=row.os_hostname or "",
-        fqdn=row.fqdn or "",
-        node_ip=row.os_ip,
+        **shared,
         os_username=row.os_username or "root",
         os_password_enc=row.os_password_enc,
         ssh_host_key=row.ssh_host_key,
-        vendor=row.vendor or "",
         is_control_node=row.is_control_node,
     )
 

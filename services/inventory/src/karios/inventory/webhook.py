@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from karios.common.contracts.inventory import DeviceChanged
-from karios.common.netaddr import is_mac, normalize_mac
+from karios.common.netaddr import mac_or_none
 
 SIGNATURE_HEADER = "X-Hook-Signature"
 
@@ -60,10 +60,9 @@ def _macs(*objs: Any) -> list[str]:
         if isinstance(primary, Mapping):
             candidates.append(primary.get("mac_address"))
         for c in candidates:
-            if isinstance(c, str) and is_mac(c):
-                mac = normalize_mac(c)
-                if mac not in out:
-                    out.append(mac)
+            mac = mac_or_none(c)
+            if mac is not None and mac not in out:
+                out.append(mac)
     return out
 
 

@@ -10,18 +10,32 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
 
-from karios.common.contracts.provision import CallbackRequest, CancelJob, QueueQuery, StartProvision
 from karios.common.crypto import SecretBox
 from karios.common.errors import NotFound
 from karios.common.service import ServiceRuntime, build_app
 from karios.common.settings import KariosSettings
 from karios.provisioner.config import ProvisionerConfig
+from karios.provisioner.handlers import wire
 from karios.provisioner.jobs import JobService
 from karios.provisioner.media import MediaBuilder
 from karios.provisioner.models import SCHEMA
 
 SERVICE = "provisioner"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_IMAGE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$")
+
+
+def image_file(images_dir: Path | None, path: str) -> Path | None:
+    """The file ``path`` names under ``images_dir`` — never outside it (no ``..``, no dot files,
+    no symlink escaping it) — or None."""
+    parts = path.split("/")
+    if images_dir is None or not path or len(parts) > 8 or not all(_IMAGE_PART.match(p) for p in parts):
+        return None
+    root = Path(images_dir).resolve()
+    found = (root / path).resolve()
+    if not found.is_relative_to(root) or not found.is_file():
+        return None
+    return found
 
 
 def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig | None = None) -> FastAPI:
@@ -31,20 +45,7 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
     assert rt.db is not None
     media = MediaBuilder(cfg.cache_dir, cfg.media_dir)
     svc = JobService(rt.bus, rt.db, SecretBox.from_settings(settings), cfg, media)
-    subjects = rt.bus.subjects
-
-    async def on_start_cmd(cmd: StartProvision, _ctx) -> None:  # type: ignore[no-untyped-def]
-        await svc.handle_start(cmd)
-
-    async def on_queue(_q: QueueQuery):  # type: ignore[no-untyped-def]
-        return await svc.queue()
-
-    rt.bus.command_handler("provision", StartProvision, on_start_cmd, verb="start", concurrency=8)
-    rt.bus.query_responder(subjects.request("provision", "step"), CallbackRequest, svc.step)
-    rt.bus.query_responder(subjects.request("provision", "complete"), CallbackRequest, svc.complete)
-    rt.bus.query_responder(subjects.request("provision", "firstboot"), CallbackRequest, svc.firstboot)
-    rt.bus.query_responder(subjects.request("provision", "cancel"), CancelJob, svc.cancel)
-    rt.bus.query_responder(subjects.query("provision", "queue"), QueueQuery, on_queue)
+    wire(rt.bus, svc)
 
     async def on_start(_rt: ServiceRuntime) -> None:
         rt.state["stuck_task"] = asyncio.create_task(svc.stuck_loop())
@@ -70,5 +71,15 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
         if not _NAME.match(name) or not path.is_file():
             raise NotFound(f"no medium {name}")
         return FileResponse(path, media_type="application/x-iso9660-image", filename=f"{name}.iso")
+
+    @app.get(
+        "/images/{path:path}",
+        summary="A prepared install-method artifact, e.g. a root filesystem archive (range requests)",
+    )
+    async def get_image(path: str) -> FileResponse:
+        found = image_file(cfg.images_dir, path)
+        if found is None:
+            raise NotFound(f"no image {path}")
+        return FileResponse(found, media_type="application/octet-stream", filename=found.name)
 
     return app

@@ -7,7 +7,7 @@ unset are derived from the shared :class:`KariosSettings`. Tests build their own
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -58,8 +58,36 @@ class ProvisionerConfig(BaseSettings):
     # per-BMC overrides (JSON): {"10.0.0.5": {"url": "https://…", "system_id": "…", "verify_tls": true,
     #                                         "username": "…", "password": "…"}}
     bmc_endpoints: dict[str, dict[str, Any]] = Field(default_factory=dict, repr=False)
-    mirror_host: str = "deb.debian.org"
-    mirror_dir: str = "/debian"
+    mirror_host: str = Field("deb.debian.org", description="Debian archive host[:port] installers use")
+    mirror_dir: str = Field("/debian", description="Directory of the Debian archive on mirror_host")
+    mirror_proxy: str = Field(
+        "", description="HTTP proxy for installer downloads, e.g. http://10.0.0.1:3142 (empty: none)"
+    )
+    security_host: str = Field("", description="Security repository host (empty: off)")
+    security_dir: str = Field("/debian-security", description="Directory of the security repository")
+    updates: bool = Field(False, description="Configure the <suite>-updates repository")
+    nameservers: list[str] = Field(
+        default_factory=list, description="Name servers for installed hosts (DHCP too); JSON list"
+    )
+    serial_console: str = Field(
+        "ttyS0,115200n8",
+        description="Serial console of installer, live environment and installed system (empty: "
+        "none); per-vendor override in serial_consoles",
+    )
+    serial_consoles: dict[str, str] = Field(
+        default_factory=dict, description='Serial console per vendor, JSON: {"dell": "ttyS1,115200n8"}'
+    )
+    install_method: Literal["image", "preseed"] = Field(
+        "image", description="How a provision installs the OS when the request names no install_method"
+    )
+    images_dir: Path | None = Field(
+        None,
+        description="Prepared base artifacts of the install methods, served at /images/ "
+        "(default: <state dir>/provisioner/images)",
+    )
+    bmc_probe_timeout: float = Field(
+        5.0, gt=0, description="Seconds the BMC's Redfish service root has to answer before a build"
+    )
 
     @classmethod
     def from_env(cls, settings: KariosSettings) -> ProvisionerConfig:
@@ -71,4 +99,5 @@ class ProvisionerConfig(BaseSettings):
         )
         cfg.cache_dir = cfg.cache_dir or base / "cache"
         cfg.media_dir = cfg.media_dir or base / "media"
+        cfg.images_dir = cfg.images_dir or base / "images"
         return cfg

@@ -42,5 +42,7 @@ class Job(SQLModel, table=True):
     token_enc: str | None = None  # the installer token, SecretBox context "job-token:<id>"
     reset_at: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))  # power reset
     spec: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    method: str = Field(default="", max_length=32)  # install method: preseed | image | wipe
+    log_tail: list[str] | None = Field(default=None, sa_type=sa.JSON)  # installer's last log lines
     created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
     updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))

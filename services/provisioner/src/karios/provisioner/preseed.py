@@ -7,7 +7,7 @@ callback and first-boot scripts); nothing here touches the disk or the network.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
@@ -15,6 +15,7 @@ from passlib.hash import sha512_crypt
 
 from karios.common.contracts.provision import POOL_TYPES, check_pool
 from karios.common.errors import ValidationFailed
+from karios.provisioner.install import INSTALL_STAGES, HostContext  # HostContext: kept importable from here
 
 _ENV = Environment(
     loader=PackageLoader("karios.provisioner", "templates"),
@@ -28,6 +29,12 @@ _DISK = re.compile(r"^[A-Za-z0-9/_.:-]{1,200}$")
 _NIC = re.compile(r"^[A-Za-z0-9_.:-]{1,32}$")
 _PCI_ID = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_SERIAL = re.compile(r"^ttyS(?P<unit>[0-9]{1,2})(?:,(?P<speed>[0-9]{3,7})(?:[noe][5-8]?)?)?$")
+_LINE_SAFE = re.compile(r"^[^\x00-\x1f\x7f]*$")
+# Seconds a callback is retried before the installer gives it up (and logs that it did).
+CALLBACK_RETRY_FOR = 300
+# Path in the initrd of the file /sbin/debian-installer sources before starting debconf.
+DEBCONF_DEBUG_HOOK = "lib/debian-installer.d/S69karios-debconf-debug"
 
 
 @dataclass(frozen=True)
@@ -104,30 +111,6 @@ def hash_password(password: str, *, salt: str | None = None) -> str:
     return sha512_crypt.using(rounds=5000, **({"salt": salt} if salt else {})).hash(password)
 
 
-@dataclass
-class HostContext:
-    """Everything the templates need for one host (already validated)."""
-
-    job_id: str
-    token: str
-    callback_base: str  # e.g. http://10.0.0.1:8080/controlnode
-    hostname: str
-    bmc_ip: str
-    os_username: str
-    password_hash: str
-    root_password_hash: str = ""
-    disks: list[str] = field(default_factory=list)
-    md_level: int | None = None
-    nic: str = "auto"
-    nic_mac: str = ""
-    static: dict[str, Any] | None = None  # address, netmask, gateway, nameservers
-    kernel_args: list[str] = field(default_factory=list)
-    suite: str = "bookworm"
-    mirror_host: str = "deb.debian.org"
-    mirror_dir: str = "/debian"
-    job_type: str = "provision"
-
-
 def validate_host(hostname: str, os_username: str, nic: str) -> None:
     if hostname and not _HOSTNAME.match(hostname):
         raise ValidationFailed("hostname: use lowercase letters, digits and '-' (max 63)", field="hostname")
@@ -142,9 +125,60 @@ def partition(disk: str, n: int) -> str:
     return f"{disk}p{n}" if disk[-1:].isdigit() else f"{disk}{n}"
 
 
+def serial_port(console: str) -> tuple[int, int] | None:
+    """``ttyS1,115200n8`` → (1, 115200); ``""`` → None (no serial console)."""
+    if not console:
+        return None
+    m = _SERIAL.match(console)
+    if not m:
+        raise ValidationFailed(
+            f"serial_console: {console!r} is not like ttyS0,115200n8", field="serial_console"
+        )
+    return int(m["unit"]), int(m["speed"] or 115200)
+
+
+def nameservers_of(ctx: HostContext) -> str:
+    """Name servers for ``netcfg/get_nameservers``: the context's list, else the static ones."""
+    ns: Any = ctx.nameservers or (ctx.static or {}).get("nameservers") or []
+    return " ".join(ns.replace(",", " ").split() if isinstance(ns, str) else [str(x) for x in ns])
+
+
+def _check_lines(ctx: HostContext) -> None:
+    """Values written into preseed lines must not carry control characters (a newline would add
+    an answer of its own)."""
+    fields = ("hostname", "nic", "mirror_host", "mirror_dir", "mirror_proxy", "security_host")
+    values = {f: str(getattr(ctx, f)) for f in fields}
+    values.update({"nameservers": nameservers_of(ctx), "security_dir": ctx.security_dir})
+    values.update({f"static.{k}": str(v) for k, v in (ctx.static or {}).items()})
+    values.update({"kernel_args": " ".join(ctx.kernel_args)})
+    for name, value in values.items():
+        if not _LINE_SAFE.match(value):
+            raise ValidationFailed(f"{name}: control characters are not allowed", field=name)
+
+
+def _template_data(ctx: HostContext) -> dict[str, Any]:
+    _check_lines(ctx)
+    port = serial_port(ctx.serial_console)
+    console = ["console=tty0", f"console={ctx.serial_console}"] if port else []
+    services = ([] if not ctx.security_host else ["security"]) + (["updates"] if ctx.updates else [])
+    disks = [normalize_disk(d) for d in ctx.disks]
+    return {
+        "h": ctx,
+        "disks": disks,
+        "raid_members": "#".join(partition(d, 2) for d in disks),
+        "nameservers": nameservers_of(ctx),
+        "services": ", ".join(services),
+        "kernel_opts": " ".join([*console, *ctx.kernel_args]),
+        "serial_unit": port[0] if port else None,
+        "serial_speed": port[1] if port else None,
+        "stages": INSTALL_STAGES,
+        "retry_for": CALLBACK_RETRY_FOR,
+    }
+
+
 def render_media_files(ctx: HostContext) -> dict[str, str]:
     """Files for the initrd overlay, by path inside the initrd."""
-    data = {"h": ctx, "raid_members": "#".join(partition(d, 2) for d in ctx.disks)}
+    data = _template_data(ctx)
     if ctx.job_type == "unprovision":
         return {
             "preseed.cfg": _ENV.get_template("wipe.cfg.j2").render(**data),
@@ -154,6 +188,8 @@ def render_media_files(ctx: HostContext) -> dict[str, str]:
     return {
         "preseed.cfg": _ENV.get_template("preseed.cfg.j2").render(**data),
         "karios/cb.sh": _ENV.get_template("cb.sh.j2").render(**data),
+        "karios/reporter.sh": _ENV.get_template("reporter.sh.j2").render(**data),
+        DEBCONF_DEBUG_HOOK: _ENV.get_template("debconf-debug.sh.j2").render(**data),
         "karios/karios-firstboot.sh": _ENV.get_template("firstboot.sh.j2").render(**data),
         "karios/karios-firstboot.service": _ENV.get_template("firstboot.service.j2").render(**data),
     }

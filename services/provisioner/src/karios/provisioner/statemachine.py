@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass
 
 from karios.common.errors import Conflict
+from karios.common.provisioning import TERMINAL_STATES
 
 
 class State(enum.StrEnum):
@@ -47,6 +48,10 @@ INFO: dict[State, StateInfo] = {
     S.cancelled: StateInfo("Cancelled", 0, "cancelled", terminal=True),
     S.stuck: StateInfo("Stuck", 0, "stuck"),
 }
+
+TERMINAL = frozenset(s for s, info in INFO.items() if info.terminal)
+if {s.value for s in TERMINAL} != TERMINAL_STATES:  # the gateway reads the shared definition
+    raise RuntimeError("karios.common.provisioning.TERMINAL_STATES disagrees with the state machine")
 
 _ACTIVE = {S.queued, S.building_media, S.mounting, S.booting, S.installing, S.first_boot, S.stuck}
 # The worker phase: a provisioner replica holds a lease on these and resumes them after a crash.

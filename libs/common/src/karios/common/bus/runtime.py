@@ -6,79 +6,81 @@
   copied to the DLQ with their reason (work-queue retention deletes them on ``term``) and
   a ``command_failed`` event is emitted.
 - Queries: core NATS request/reply with a queue group; replies are :class:`Reply` JSON.
-- Events: published to JetStream with ``Nats-Msg-Id`` = envelope id.
+- Events: published to JetStream with ``Nats-Msg-Id`` = envelope id; read back in order
+  (:meth:`Bus.subscribe_events`, :meth:`Bus.read_events`: SSE) or by a durable pull consumer
+  shared by the replicas (:meth:`Bus.pull_events`: read models).
+- Broadcasts: core NATS fan-out heard by every replica (no queue group, no stream), typed
+  on both ends (:meth:`Bus.broadcast`, :meth:`Bus.broadcast_handler`).
+
+Nothing outside this package touches the NATS client.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import nats.errors
+import nats.js.errors
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from nats.js.api import AckPolicy as ServerAckPolicy
 from nats.js.api import ConsumerConfig, PubAck
-from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 
+from karios.common.bus.broadcasts import ApiTokenChanged
+from karios.common.bus.commands import CommandHandler, HandlerContext, consume_command
+from karios.common.bus.connection import UNAVAILABLE as _UNAVAILABLE
+from karios.common.bus.connection import reconnect_backoff
+from karios.common.bus.consumers import (
+    EventHandler,
+    OrderedSubscription,
+    PullConsumer,
+    StreamCallback,
+    StreamEvent,
+    read_range,
+    subscribe_ordered,
+)
+from karios.common.bus.deadletter import (
+    HEADER_DLQ_CODE,
+    HEADER_DLQ_DELIVERIES,
+    HEADER_DLQ_REASON,
+    HEADER_DLQ_SUBJECT,
+    CommandFailed,
+)
 from karios.common.bus.envelope import Envelope, RawEnvelope, wrap
+from karios.common.bus.replies import QueryHandler, answer_query
 from karios.common.bus.streams import ensure_streams, reconcile_consumer
 from karios.common.bus.subjects import Subjects
-from karios.common.contracts.base import Command, Contract, ErrorBody, Event, Reply
+from karios.common.contracts.base import Command, Contract, Event, Reply
 from karios.common.errors import (
-    Disposition,
-    KariosError,
-    PermanentFailure,
     ServiceUnavailable,
-    ValidationFailed,
-    bus_disposition,
     error_from_dict,
 )
-from karios.common.telemetry import context_from_headers, get_logger
+from karios.common.telemetry import get_logger
 
 log = get_logger(__name__)
 
-HEADER_DLQ_REASON = "Karios-Dlq-Reason"
-HEADER_DLQ_CODE = "Karios-Dlq-Code"
-HEADER_DLQ_DELIVERIES = "Karios-Dlq-Deliveries"
-HEADER_DLQ_SUBJECT = "Karios-Dlq-Original-Subject"
+# Dead-letter names stay importable from here (the DLQ belongs to command handling); the
+# broadcast contracts are imported so the AsyncAPI document (built from this module) lists them.
+__all__ = [
+    "HEADER_DLQ_CODE",
+    "HEADER_DLQ_DELIVERIES",
+    "HEADER_DLQ_REASON",
+    "HEADER_DLQ_SUBJECT",
+    "ApiTokenChanged",
+    "Bus",
+    "CommandFailed",
+    "HandlerContext",
+]
 
 
-class CommandFailed(Event):
-    """A command was given up on (permanent error or retries exhausted) and dead-lettered."""
-
-    TYPE = "karios.bus.command_failed.v1"
-
-    command_type: str
-    command_id: str
-    code: str
-    message: str
-    deliveries: int
-
-
-@dataclass
-class HandlerContext:
-    """What a command handler gets beside its payload."""
-
-    bus: Bus
-    envelope: Envelope[Any]
-    message: NatsMessage
-    deliveries: int
-
-    async def in_progress(self) -> None:
-        """Tell the server we are still working (resets the ack timer)."""
-        await self.message.in_progress()
-
-    async def emit(self, event: Event, subject: str, entity: str = "") -> PubAck:
-        return await self.bus.publish_event(event, subject, cause=self.envelope, entity=entity)
-
-
-CommandHandler = Callable[[Any, HandlerContext], Awaitable[None]]
-QueryHandler = Callable[[Any], Awaitable[BaseModel | dict[str, Any] | list[Any] | None]]
+M = TypeVar("M", bound=Contract)
+E = TypeVar("E", bound=Event)
+BroadcastHandler = Callable[[M], Awaitable[None]]
 
 
 @dataclass
@@ -92,15 +94,40 @@ class Bus:
     request_timeout: float = 5.0
     broker: NatsBroker = field(init=False)
     _consumers: list[tuple[str, ConsumerConfig]] = field(default_factory=list, init=False)
+    _pulls: list[PullConsumer[Any]] = field(default_factory=list, init=False)
+    _stopping: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.broker = NatsBroker(
             self.servers,
             connect_timeout=2,
-            max_reconnect_attempts=5,
-            reconnect_time_wait=1,
+            # Never give up: a NATS outage of any length ends by itself when the server returns.
+            max_reconnect_attempts=-1,
+            reconnect_to_server_handler=reconnect_backoff,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
             middlewares=[NatsTelemetryMiddleware()],
         )
+
+    async def _on_disconnected(self) -> None:
+        if not self._stopping:
+            log.warning("bus disconnected; reconnecting with backoff", service=self.service)
+
+    async def _on_reconnected(self) -> None:
+        log.info("bus reconnected", service=self.service)
+
+    @property
+    def connected(self) -> bool:
+        """Connected to NATS right now (False while reconnecting, before start and after stop)."""
+        try:
+            return bool(self.nc is not None and self.nc.is_connected)
+        except Exception:  # no connection object yet
+            return False
+
+    def _require_connection(self, what: str) -> None:
+        # Fail fast while reconnecting: the caller answers 503 + Retry-After instead of waiting.
+        if not self.connected:
+            raise ServiceUnavailable(f"the message bus is unavailable ({what}); try again shortly")
 
     @classmethod
     def from_settings(cls, settings: Any, service: str) -> Bus:
@@ -123,6 +150,9 @@ class Bus:
         await self.broker.start()
 
     async def stop(self) -> None:
+        self._stopping = True
+        for consumer in self._pulls:
+            await consumer.stop()  # idempotent: its owner may have stopped it already
         await self.broker.stop()
 
     @property
@@ -133,29 +163,32 @@ class Bus:
     def js(self) -> Any:
         return self.broker.config.connection_state.stream
 
-    async def healthy(self) -> bool:
-        """Connected and every durable consumer still exists (a deleted one spins silently)."""
+    async def healthy(self, timeout: float = 1.0) -> bool:  # noqa: ASYNC109 (a readiness bound)
+        """Connected and every durable consumer still exists (a deleted one spins silently);
+        answers within ``timeout`` (False when the server does not)."""
+        if not self.connected:
+            return False
         try:
-            if not self.nc.is_connected:
-                return False
-            for stream, cfg in self._consumers:
-                await self.js.consumer_info(stream, cfg.durable_name)
+            async with asyncio.timeout(timeout):
+                for stream, cfg in self._consumers:
+                    await self.js.consumer_info(stream, cfg.durable_name)
+                for consumer in self._pulls:
+                    await self.js.consumer_info(consumer.stream, consumer.durable)
         except Exception:
             return False
         return True
 
     # -- publishing ----------------------------------------------------------------
     async def _publish(self, env: Envelope[Any], subject: str) -> PubAck:
+        self._require_connection("publish")
         try:
             return await self.js.publish(
                 subject, env.model_dump_json().encode(), headers=env.headers(), timeout=5.0
             )
-        except (
-            nats.errors.TimeoutError,
-            nats.errors.NoRespondersError,
-            nats.errors.ConnectionClosedError,
-        ) as exc:
-            raise ServiceUnavailable(f"bus publish to {subject} failed: {type(exc).__name__}") from exc
+        except _UNAVAILABLE as exc:
+            raise ServiceUnavailable(
+                "the message bus did not confirm the publish; try again shortly"
+            ) from exc
 
     async def publish_event(
         self,
@@ -195,20 +228,26 @@ class Bus:
         With ``reply``, the answer is validated into that model (else the plain JSON value).
         """
         env = wrap(query, source=self.service)
+        self._require_connection("request")
         try:
-            msg = await self.nc.request(
-                subject,
+            # Through the broker (not the raw client): traced, and in-memory under TestNatsBroker.
+            msg = await self.broker.request(
                 env.model_dump_json().encode(),
+                subject,
                 timeout=timeout or self.request_timeout,
                 headers=env.headers(),
             )
         except nats.errors.NoRespondersError:
             raise ServiceUnavailable(f"no service answers {subject}") from None
-        except nats.errors.TimeoutError:
+        except (nats.errors.TimeoutError, TimeoutError):
+            # Sent but unanswered: the responder may have acted (details.outcome says so).
             raise ServiceUnavailable(
-                f"no answer on {subject} within {timeout or self.request_timeout}s"
+                f"no answer on {subject} within {timeout or self.request_timeout}s",
+                details={"outcome": "unknown"},
             ) from None
-        answer = Reply.model_validate_json(msg.data)
+        except _UNAVAILABLE:
+            raise ServiceUnavailable("the message bus is unavailable; try again shortly") from None
+        answer = Reply.model_validate_json(msg.body)
         if not answer.ok:
             assert answer.error is not None
             raise error_from_dict(answer.error.model_dump())
@@ -240,7 +279,7 @@ class Bus:
         self._consumers.append((self.subjects.cmd_stream, cfg))
 
         async def consume(body: Any, msg: NatsMessage) -> None:
-            await self._consume_command(body, msg, model, handler)
+            await consume_command(self, msg, model, handler)
 
         self.broker.subscriber(
             subject,
@@ -252,99 +291,77 @@ class Bus:
             no_reply=True,
         )(consume)
 
-    async def _consume_command(
-        self, body: Any, msg: NatsMessage, model: type[Command], handler: CommandHandler
-    ) -> None:
-        raw = msg.raw_message
-        deliveries = int(getattr(raw.metadata, "num_delivered", 1) or 1)
-        err: BaseException | None = None
-        env: Envelope[Any] | None = None
-        try:
-            raw_env = RawEnvelope.model_validate_json(raw.data)
-            payload = model.model_validate(raw_env.data)
-            env = Envelope[model].model_validate(raw_env.model_dump())  # type: ignore[valid-type]
-        except ValidationError as exc:
-            err = PermanentFailure(f"malformed command: {exc.errors()[0].get('msg', 'invalid')}")
-        if err is None:
-            assert env is not None
-            tracer = trace.get_tracer(f"karios.{self.service}")
-            with tracer.start_as_current_span(
-                f"handle {env.type}", context=context_from_headers(raw.headers)
-            ):
-                try:
-                    await handler(payload, HandlerContext(self, env, msg, deliveries))
-                except Exception as exc:
-                    err = exc
-        disposition = bus_disposition(err, delivered=deliveries, max_deliver=self.max_deliver)
-        if disposition is Disposition.ACK:
-            await raw.ack_sync()
-        elif disposition is Disposition.NAK:
-            log.warning("command retry", subject=raw.subject, deliveries=deliveries, error=str(err))
-            await raw.nak(delay=self.retry_delay)
-        else:
-            await self._dead_letter(raw, env, err, deliveries)
-            await raw.term()
-
-    async def _dead_letter(
-        self, raw: Any, env: Envelope[Any] | None, err: BaseException | None, deliveries: int
-    ) -> None:
-        code = err.code if isinstance(err, KariosError) else type(err).__name__
-        reason = err.message if isinstance(err, KariosError) else str(err)
-        headers = dict(raw.headers or {})
-        headers.pop("Nats-Msg-Id", None)
-        headers.update(
-            {
-                HEADER_DLQ_REASON: reason[:1000],
-                HEADER_DLQ_CODE: code,
-                HEADER_DLQ_DELIVERIES: str(deliveries),
-                HEADER_DLQ_SUBJECT: raw.subject,
-            }
-        )
-        await self.js.publish(self.subjects.dlq(raw.subject), raw.data, headers=headers, timeout=5.0)
-        log.error(
-            "command dead-lettered", subject=raw.subject, code=code, reason=reason, deliveries=deliveries
-        )
-        if env is not None:
-            domain = raw.subject.split(".")[2]
-            failed = CommandFailed(
-                command_type=env.type, command_id=env.id, code=code, message=reason, deliveries=deliveries
-            )
-            await self.publish_event(
-                failed,
-                self.subjects.evt(domain, "command_failed", env.subject or env.id),
-                cause=env,
-                entity=env.subject,
-            )
-
     def query_responder(self, subject: str, model: type[Contract], handler: QueryHandler) -> None:
         """Answer request/reply queries; every replica joins one queue group."""
 
-        async def respond(body: Any, msg: NatsMessage) -> None:
+        async def respond(body: Any, msg: NatsMessage) -> bytes:
+            reply = await answer_query(msg.raw_message.data, model, handler)
+            # FastStream sends the returned bytes to the requester's reply subject.
+            return reply.model_dump_json().encode()
+
+        self.broker.subscriber(subject, queue=f"{self.service}")(respond)
+
+    # -- broadcast (every replica) ---------------------------------------------------
+    async def broadcast(self, message: Contract, subject: str) -> None:
+        """Core NATS fan-out to every replica listening on ``subject`` (no stream: nobody listening,
+        nobody gets it — keep a durable backstop when the message matters)."""
+        env = wrap(message, source=self.service)
+        self._require_connection("broadcast")
+        try:
+            await self.broker.publish(env.model_dump_json().encode(), subject, headers=env.headers())
+        except _UNAVAILABLE as exc:
+            raise ServiceUnavailable("the message bus is unavailable; try again shortly") from exc
+
+    def broadcast_handler(self, subject: str, model: type[M], handler: BroadcastHandler[M]) -> None:
+        """Every replica (no queue group) gets each message on ``subject`` (wildcards allowed) as a
+        ``model``; malformed messages and messages of another contract type are logged and dropped.
+
+        Also hears events published to JetStream on ``subject`` (a stream publish is a core
+        publish too): a cache every replica must invalidate subscribes here.
+        """
+
+        async def receive(body: Any, msg: NatsMessage) -> None:
             raw = msg.raw_message
             try:
-                data = json.loads(raw.data or b"{}")
-                payload = model.model_validate(data.get("data", data))
-                result = await handler(payload)
-                if isinstance(result, BaseModel):
-                    result = result.model_dump(mode="json")
-                elif isinstance(result, list):
-                    result = [r.model_dump(mode="json") if isinstance(r, BaseModel) else r for r in result]
-                reply = Reply(ok=True, result=result)
+                env = RawEnvelope.model_validate_json(raw.data)
+                if model.TYPE and env.type != model.TYPE:
+                    return
+                payload = model.model_validate(env.data)
             except ValidationError as exc:
-                first = exc.errors()[0]
-                field_name = ".".join(str(p) for p in first.get("loc", ()))
-                reply = Reply(
-                    ok=False,
-                    error=ErrorBody(
-                        **ValidationFailed(f"{field_name}: {first.get('msg')}", field=field_name).to_dict()
-                    ),
-                )
-            except KariosError as exc:
-                reply = Reply(ok=False, error=ErrorBody(**exc.to_dict()))
-            except Exception as exc:
-                log.exception("query handler failed", subject=raw.subject)
-                reply = Reply(ok=False, error=ErrorBody(code="INTERNAL", message=f"{type(exc).__name__}"))
-            if raw.reply:
-                await self.nc.publish(raw.reply, reply.model_dump_json().encode())
+                log.warning("ignoring a malformed broadcast", subject=raw.subject, error=str(exc)[:200])
+                return
+            await handler(payload)
 
-        self.broker.subscriber(subject, queue=f"{self.service}", no_reply=True)(respond)
+        self.broker.subscriber(subject, no_reply=True)(receive)
+
+    # -- the event stream ------------------------------------------------------------
+    async def last_event_seq(self) -> int:
+        """Sequence of the newest stored event (0 for an empty stream)."""
+        info = await self.js.stream_info(self.subjects.evt_stream)
+        return int(info.state.last_seq)
+
+    async def subscribe_events(
+        self, callback: StreamCallback, *, subject: str | None = None, start_seq: int | None = None
+    ) -> OrderedSubscription:
+        """Ordered delivery of events (default: every event) from ``start_seq``, or new ones only."""
+        return await subscribe_ordered(
+            self.js, subject or self.subjects.all_events, callback, start_seq=start_seq
+        )
+
+    def read_events(
+        self, after: int, until: int, *, subject: str | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """Stored events with ``after < seq <= until`` in order (a short-lived ordered consumer)."""
+        return read_range(self.js, subject or self.subjects.all_events, after, until)
+
+    async def pull_events(
+        self, durable: str, subject: str, model: type[E], handler: EventHandler[E], **options: Any
+    ) -> PullConsumer[E]:
+        """Start a durable pull consumer shared by every replica: each ``model`` event on ``subject``
+        is handled once (``handler(payload, envelope)``), acked on success, redelivered on error."""
+        consumer = PullConsumer(
+            self.js, self.subjects.evt_stream, durable, subject, model, handler, **options
+        )
+        await consumer.start()
+        self._pulls.append(consumer)
+        return consumer

@@ -24,34 +24,37 @@ EVT_MAX_BYTES = 1 << 30
 DLQ_MAX_AGE_S = 30 * 24 * 3600.0
 
 
+def _file_stream(name: str, subject: str, description: str, **limits: object) -> StreamConfig:
+    return StreamConfig(
+        name=name, subjects=[subject], storage=StorageType.FILE, description=description, **limits
+    )
+
+
 def stream_configs(subjects: Subjects) -> list[StreamConfig]:
     return [
-        StreamConfig(
-            name=subjects.cmd_stream,
-            subjects=[subjects.all_commands],
+        _file_stream(
+            subjects.cmd_stream,
+            subjects.all_commands,
+            "Karios commands: each handled by exactly one worker replica",
             retention=RetentionPolicy.WORK_QUEUE,
-            storage=StorageType.FILE,
             duplicate_window=CMD_DUPLICATE_WINDOW_S,
-            description="Karios commands: each handled by exactly one worker replica",
         ),
-        StreamConfig(
-            name=subjects.evt_stream,
-            subjects=[subjects.all_events],
+        _file_stream(
+            subjects.evt_stream,
+            subjects.all_events,
+            "Karios events: facts, replayable for read models and SSE resume",
             retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
             max_age=EVT_MAX_AGE_S,
             max_bytes=EVT_MAX_BYTES,
             discard=DiscardPolicy.OLD,
             duplicate_window=CMD_DUPLICATE_WINDOW_S,
-            description="Karios events: facts, replayable for read models and SSE resume",
         ),
-        StreamConfig(
-            name=subjects.dlq_stream,
-            subjects=[subjects.all_dead_letters],
+        _file_stream(
+            subjects.dlq_stream,
+            subjects.all_dead_letters,
+            "Karios dead letters: commands that exhausted retries or failed permanently",
             retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
             max_age=DLQ_MAX_AGE_S,
-            description="Karios dead letters: commands that exhausted retries or failed permanently",
         ),
     ]
 

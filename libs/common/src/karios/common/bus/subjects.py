@@ -64,6 +64,10 @@ class Subjects:
     def events_of(self, domain: str) -> str:
         return f"{self.prefix}.evt.{token(domain)}.>"
 
+    def events_of_fact(self, domain: str, fact: str) -> str:
+        """Every entity's ``fact`` events of ``domain`` (``<p>.evt.<domain>.<fact>.*``)."""
+        return f"{self.prefix}.evt.{token(domain)}.{fact}.*"
+
     # -- concrete subjects -----------------------------------------------------
     def cmd(self, domain: str, verb: str) -> str:
         return f"{self.prefix}.cmd.{token(domain)}.{token(verb)}"

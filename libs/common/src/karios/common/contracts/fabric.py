@@ -8,6 +8,8 @@ answers 422 naming its field instead of a generic type error.
 
 from __future__ import annotations
 
+import datetime as dt
+from enum import StrEnum
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -101,8 +103,12 @@ class FabricConfigView(FabricConfigFields):
     router_id_cidr: str = Field("", description="Derived from router_id_base / router_id_prefix_len")
     rollout_status: str = Field("ready", description="pending | rolling_out | ready | failed | degraded")
     frr_hmac_sha_capable: bool | None = Field(None, description="Preflight probe result; null = never probed")
-    physnet: Any = Field(None, description="VXLAN physnet projection (filled by the rollout)")
-    last_job: Any = Field(None, description="Latest fabric job when the rollout failed/degraded")
+    physnet: None = Field(
+        None, description="VXLAN physnet projection of the seed; Karios has no physnet yet: always null"
+    )
+    last_job: FabricJobView | None = Field(
+        None, description="Latest fabric job (as GET /latest) when the rollout failed/degraded"
+    )
     created: bool = Field(False, description="On POST: true when this call created the row")
 
 
@@ -332,6 +338,17 @@ class VtepPoolHeadroom(BaseModel):
     overalloc_warn: bool
 
 
+class PreflightBlocker(BaseModel):
+    """One reason an apply of the stored configuration would be refused (409) unless forced."""
+
+    kind: str = Field(description="mtu | unreachable | needs_override | pool_headroom")
+    field: str = Field(description="What to fix: vxlan_mtu, node_ip, node_overrides or router_id_prefix_len")
+    node_ip: str = ""
+    fqdn: str = ""
+    mtu: int = Field(0, description="kind mtu: the node's underlay bridge MTU")
+    message: str
+
+
 class FabricPreflightResult(BaseModel):
     underlay_cidr: str
     nodes: list[PreflightNodeView]
@@ -342,13 +359,40 @@ class FabricPreflightResult(BaseModel):
     vtep_pool: VtepPoolHeadroom
     ready: bool
     frr_hmac_sha_capable: bool | None = Field(None, description="FRR HMAC-SHA probe (null: no node probed)")
+    max_vxlan_mtu: int = Field(
+        0,
+        description="Largest vxlan_mtu every reuse node's underlay carries (smallest bridge MTU); 0: none",
+    )
+    mtu_outliers: list[MtuDriftView] = Field(
+        default_factory=list,
+        description="Nodes whose underlay MTU differs from the most common one (the nodes to fix)",
+    )
+    blockers: list[PreflightBlocker] = Field(
+        default_factory=list,
+        description="Why POST .../apply would answer 409 for the stored vxlan_mtu and pool (force: go on)",
+    )
 
 
-class FabricApplyCheck(Query):
-    """Gateway → worker before the 202: a config exists, it can be rolled out, nothing in flight."""
+@register_error
+class PreflightBlocked(KariosError):
+    """The last preflight found nodes the configuration cannot be applied to (MTU below
+    vxlan_mtu, unreachable, unresolved underlay) or a pool without room; ``details.blockers``
+    names each. A fabric_admin may force the apply."""
 
-    TYPE = "karios.fabric.apply_check.v1"
+    code = "FABRIC_PREFLIGHT_BLOCKED"
+    http_status = 409
+
+
+class RequestFabricApply(Query):
+    """Gateway → worker, the one request behind ``POST .../apply``: the worker checks (a config
+    exists, it can be rolled out, nothing in flight, nodes registered), writes the queued job row
+    and sends itself :class:`StartFabricApply`; it answers :class:`ApplyAccepted`."""
+
+    TYPE = "karios.fabric.request_apply.v1"
     node_ip: str = ""
+    caller: str = ""
+    caller_role: str = ""
+    force: bool = Field(False, description="Apply despite preflight blockers (fabric_admin only; logged)")
 
 
 class StartFabricApply(Command):
@@ -373,8 +417,8 @@ class StartFabricTeardown(Command):
 
 class ApplyAccepted(BaseModel):
     apply_job_id: str
-    created: bool = Field(True, description="true if new record, false if updated")
-    id: int = Field(1, description="FabricConfig id")
+    created: bool = Field(True, description="true if new record (the job row was written), false if updated")
+    id: int = Field(1, description="FabricConfig id (the config row the job rolls out)")
     message: str = ""
 
 
@@ -393,6 +437,32 @@ class FabricLatestQuery(Query):
     TYPE = "karios.fabric.latest_query.v1"
 
 
+class JobType(StrEnum):
+    APPLY = "fabric_apply"
+    TEARDOWN = "fabric_teardown"
+
+
+class JobStatus(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    PARTIAL = "partial"
+    CANCELLED = "cancelled"
+
+
+class RolloutStatus(StrEnum):
+    PENDING = "pending"
+    ROLLING_OUT = "rolling_out"
+    READY = "ready"
+    FAILED = "failed"
+    DEGRADED = "degraded"
+    REMOVED = "removed"  # a teardown job only: the configuration is deleted, its nodes cleaned
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat()
+
+
 class FabricJobNodeView(BaseModel):
     node_ip: str
     fqdn: str = ""
@@ -405,12 +475,15 @@ class FabricJobNodeView(BaseModel):
 
 
 class FabricJobView(BaseModel):
-    """``GET /controlnode/fabric-config/latest`` (seed fields) and ``last_job`` of the config."""
+    """``GET /controlnode/fabric-config/latest`` (seed fields) and ``last_job`` of the config.
+    Also the worker's own job summary (``karios.fabric_worker.rollout.summary``): one model."""
 
     job_id: str
-    job_type: str = Field(description="fabric_apply | fabric_teardown")
-    job_status: str = Field(description="running | completed | failed | partial | cancelled")
-    rollout_status: str = ""
+    job_type: JobType = Field(description="fabric_apply | fabric_teardown")
+    job_status: JobStatus = Field(
+        JobStatus.RUNNING, description="running | completed | failed | partial | cancelled"
+    )
+    rollout_status: RolloutStatus = RolloutStatus.ROLLING_OUT
     state: str = Field("", description="last SSE state: apply_*/teardown_*/node_*")
     progress: int = 0
     strict: bool = False
@@ -422,8 +495,11 @@ class FabricJobView(BaseModel):
     first_fail_error: str = ""
     error: str = ""
     nodes: list[FabricJobNodeView] = Field(default_factory=list)
-    created_at: str = ""
-    updated_at: str = ""
+    created_at: str = Field(default_factory=_now)
+    updated_at: str = Field(default_factory=_now)
+
+
+FabricConfigView.model_rebuild()  # last_job: FabricJobView is defined below it
 
 
 class TeardownFabricNode(Query):
@@ -479,11 +555,12 @@ class BatchPostdeploy(BaseModel):
 
 
 class FabricRolloutEvent(Event):
-    """Progress of a fabric job (SSE channel ``fabric``, event name ``fabric_switch``). No secrets."""
+    """Progress of a fabric job (SSE channel ``fabric``, event name ``fabric_switch``). No secrets.
+    The worker's rollout core emits exactly this model."""
 
     TYPE = "karios.fabric.rollout_event.v1"
     job_id: str
-    job_type: str
+    job_type: JobType
     state: str
     progress: int = 0
     node_ip: str = ""

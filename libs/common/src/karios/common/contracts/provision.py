@@ -41,6 +41,10 @@ class ProvisionSpec(BaseModel):
     controlnode_host: str = ""
     controlnode_port: str = ""
     device_id: int | None = None
+    # None: the provisioner's default (KARIOS_PROVISIONER_INSTALL_METHOD); unprovision always wipes.
+    install_method: str | None = None  # image | preseed
+    mirror: str = ""  # host[:port]/dir of the Debian archive for this install ("" = deployment default)
+    http_proxy: str = ""  # HTTP proxy the installer downloads through ("" = deployment default)
     metadata: dict[str, Any] = Field(default_factory=dict)  # accepted fields with no effect yet
 
 
@@ -72,6 +76,7 @@ class JobProgress(Event):
     node_ip: str = ""
     resource_name: str = ""
     attempt: int = 1  # which worker attempt (2+ after a provisioner restart handed the job over)
+    log_tail: list[str] = Field(default_factory=list)  # the installer's last log lines (≤ 50)
 
 
 class CallbackRequest(Query):
@@ -84,6 +89,8 @@ class CallbackRequest(Query):
     step: str = ""
     state: str = ""  # active | done | failed
     percent: int | None = None
+    message: str = ""  # the installer's own words (≤ 1 KB kept)
+    log: list[str] = Field(default_factory=list)  # the installer's last log lines (≤ 50 × 300 kept)
     os_ip: str = ""
     os_password_enc: str | None = None
     bmc_ip: str = ""
@@ -113,6 +120,7 @@ class JobView(BaseModel):
     state: str
     status: str
     message: str = ""
+    log_tail: list[str] = Field(default_factory=list)
 
 
 # BMC credentials (``q.inventory.bmc_access`` → BmcAccess) and static addresses

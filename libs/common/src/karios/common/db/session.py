@@ -1,7 +1,15 @@
-"""Async SQLModel sessions on asyncpg, and the idempotent-consumer helper."""
+"""Async SQLModel sessions on asyncpg, and the idempotent-consumer helper.
+
+No database call may hang a request: connecting, waiting for a pooled connection and every
+statement are bounded (asyncpg ``timeout``/``command_timeout``, the pool's ``pool_timeout``, and
+the server's ``statement_timeout`` as a backstop). A call that runs out of time, or finds the
+database gone, surfaces as :class:`ServiceUnavailable` (HTTP 503 + ``Retry-After``) through
+:func:`unavailable_database_error`.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -13,11 +21,69 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from karios.common.errors import ServiceUnavailable
 
+#: Default bounds (seconds); services pass ``KariosSettings.db_*`` values.
+CONNECT_TIMEOUT_S = 3.0
+COMMAND_TIMEOUT_S = 5.0
+
+
+def unavailable_database_error(exc: BaseException) -> ServiceUnavailable | None:
+    """A :class:`ServiceUnavailable` when ``exc`` (or its cause) means the database is stalled,
+    unreachable or dropped the connection; ``None`` for any other error (a real bug: 500)."""
+    seen: BaseException | None = exc
+    for _ in range(5):  # the driver error is at most a few ``__cause__`` links down
+        if seen is None:
+            return None
+        if isinstance(seen, ServiceUnavailable):
+            return seen
+        if isinstance(seen, TimeoutError | asyncio.TimeoutError | sa.exc.TimeoutError):
+            return ServiceUnavailable("database did not answer in time")
+        if isinstance(seen, ConnectionError | sa.exc.OperationalError | sa.exc.InterfaceError) or (
+            isinstance(seen, sa.exc.DBAPIError) and seen.connection_invalidated
+        ):
+            return ServiceUnavailable("database unreachable")
+        if type(seen).__name__ in _DRIVER_UNAVAILABLE:
+            return ServiceUnavailable("database unreachable")
+        seen = seen.__cause__ or getattr(seen, "orig", None)
+    return None
+
+
+# asyncpg errors that mean "no usable connection / statement cancelled by its timeout".
+_DRIVER_UNAVAILABLE = frozenset(
+    {
+        "QueryCanceledError",
+        "ConnectionDoesNotExistError",
+        "ConnectionFailureError",
+        "CannotConnectNowError",
+        "TooManyConnectionsError",
+        "AdminShutdownError",
+        "InterfaceError",
+    }
+)
+
 
 class Database:
-    def __init__(self, url: str, *, pool_size: int = 5) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 5,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+        command_timeout: float = COMMAND_TIMEOUT_S,
+    ) -> None:
         self.url = url
-        self.engine: AsyncEngine = create_async_engine(url, pool_size=pool_size, pool_pre_ping=True)
+        self.command_timeout = command_timeout
+        self.engine: AsyncEngine = create_async_engine(
+            url,
+            pool_size=pool_size,
+            pool_pre_ping=True,
+            pool_timeout=connect_timeout + command_timeout,
+            connect_args={
+                "timeout": connect_timeout,
+                "command_timeout": command_timeout,
+                # Server-side backstop, a little longer so the client's timeout answers first.
+                "server_settings": {"statement_timeout": str(int((command_timeout + 1) * 1000))},
+            },
+        )
         # expire_on_commit=False: attribute access after commit would otherwise need I/O.
         self.sessions = async_sessionmaker(self.engine, class_=AsyncSession, expire_on_commit=False)
 
@@ -26,10 +92,12 @@ class Database:
         async with self.sessions() as s:
             yield s
 
-    async def healthy(self) -> bool:
+    async def healthy(self, timeout: float = 1.5) -> bool:  # noqa: ASYNC109 (a readiness bound)
+        """``SELECT 1`` answered within ``timeout`` (readiness must answer at once, never hang)."""
         try:
-            async with self.engine.connect() as conn:
-                await conn.execute(sa.text("SELECT 1"))
+            async with asyncio.timeout(timeout):
+                async with self.engine.connect() as conn:
+                    await conn.execute(sa.text("SELECT 1"))
         except Exception:
             return False
         return True

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from karios.api_gateway.auth import Principal, Role, require
-from karios.common.errors import ValidationFailed
+from karios.common.errors import ServiceUnavailable, ValidationFailed
 
 router = APIRouter(prefix="/controlnode", tags=["events"])
 
@@ -48,14 +48,16 @@ async def events(
     request: Request,
     channel: list[str] | None = Query(None),
     last_event_id: str | None = Header(None, alias="Last-Event-ID"),
-    _p: Principal = Depends(require(Role.viewer)),
+    _p: Principal = Depends(require(Role.viewer, query_token=True)),
 ) -> StreamingResponse:
     wanted = parse_channels(channel)
-    resume: int | None = None
-    if last_event_id:
-        if not last_event_id.strip().isdigit():
-            raise ValidationFailed("Last-Event-ID: must be a stream sequence number", field="Last-Event-ID")
-        resume = int(last_event_id)
+    # A malformed Last-Event-ID (not ASCII digits) is treated as absent, as the SSE spec's
+    # clients expect: the stream starts with new events instead of failing the reconnect.
+    raw_id = (last_event_id or "").strip()
+    resume = int(raw_id) if raw_id.isascii() and raw_id.isdigit() and len(raw_id) <= 19 else None
+    if not request.app.state.runtime.bus.connected:
+        # Nothing to stream from: a clear 503 + Retry-After (EventSource retries by itself).
+        raise ServiceUnavailable("the event stream is unavailable while the message bus reconnects")
     relay = request.app.state.relay
     return StreamingResponse(
         relay.stream(wanted, resume),

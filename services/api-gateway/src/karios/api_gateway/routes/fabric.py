@@ -46,6 +46,7 @@ class AckRequired(BaseModel):
 @router.get(
     "",
     response_model=FabricConfigView,
+    response_model_exclude={"created"},  # a POST-only flag: a GET creates nothing
     summary="Get the current network fabric config",
     responses={404: {"description": "No fabric configuration stored"}, **_ERRORS},
 )
@@ -94,8 +95,9 @@ async def post_fabric_config(
         caller=principal.name,
         caller_role=principal.role.name,
     )
-    raw = await rt.bus.request(rt.bus.subjects.request("fabric", "upsert_config"), req)
-    view = FabricConfigView.model_validate(raw)
+    view = await rt.bus.request(
+        rt.bus.subjects.request("fabric", "upsert_config"), req, reply=FabricConfigView
+    )
     response.status_code = 201 if view.created else 200
     return view
 

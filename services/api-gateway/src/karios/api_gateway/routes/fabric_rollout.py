@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from sqlmodel import select
 
 from karios.api_gateway.auth import Principal, Role, require
@@ -25,7 +26,6 @@ from karios.common.contracts.fabric import (
     BatchPostdeploy,
     CancelAccepted,
     CancelFabricApply,
-    FabricApplyCheck,
     FabricJobView,
     FabricLatestQuery,
     FabricPreflightRequest,
@@ -33,9 +33,10 @@ from karios.common.contracts.fabric import (
     NodeTeardownView,
     PostdeployQuery,
     PostdeployStep,
-    StartFabricApply,
+    RequestFabricApply,
     TeardownFabricNode,
 )
+from karios.common.contracts.inventory import NodeAccess, NodeAccessQuery
 from karios.common.errors import KariosError, NotFound, ValidationFailed
 
 router = APIRouter(prefix="/controlnode/fabric-config", tags=["fabric"])
@@ -55,24 +56,32 @@ def _node_ip(value: str) -> str:
         raise ValidationFailed(f"node_ip: {value!r} is not an IP address", field="node_ip") from None
 
 
-async def _start_apply(request: Request, principal: Principal, node_ip: str = "") -> ApplyAccepted:
+async def _start_apply(
+    request: Request, principal: Principal, node_ip: str = "", *, force: bool = False
+) -> ApplyAccepted:
+    """ONE bus request: the worker checks (the last preflight's blockers too), writes the job row
+    and queues the command; the 202 carries its real job id, created flag and config id."""
     rt = request.app.state.runtime
-    sub = rt.bus.subjects
-    await rt.bus.request(sub.request("fabric", "apply_check"), FabricApplyCheck(node_ip=node_ip), timeout=15)
-    job_id = str(uuid.uuid4())
-    await rt.bus.send_command(
-        StartFabricApply(job_id=job_id, node_ip=node_ip, caller=principal.name),
-        sub.cmd("fabric", "apply"),
-        entity=job_id,
-        msg_id=job_id,
+    return await rt.bus.request(
+        rt.bus.subjects.request("fabric", "request_apply"),
+        RequestFabricApply(
+            node_ip=node_ip, caller=principal.name, caller_role=principal.role.name, force=force
+        ),
+        timeout=15,
+        reply=ApplyAccepted,
     )
-    what = f"node {node_ip}" if node_ip else "every registered node"
-    return ApplyAccepted(
-        apply_job_id=job_id,
-        created=True,
-        id=1,
-        message=f"fabric apply to {what} queued; follow SSE channel fabric (fabric_switch) or job:{job_id}",
-    )
+
+
+FORCE = Query(
+    False,
+    description="Apply although the last preflight found blockers (an underlay MTU below vxlan_mtu, an "
+    "unreachable or unresolved node, a pool without room); fabric_admin only, logged",
+)
+_APPLY_409 = {
+    "description": "An apply/teardown is running, no node registered, the config is incomplete, or "
+    "FABRIC_PREFLIGHT_BLOCKED: details.blockers names each node (and its MTU) the last preflight "
+    "found unfit; details.max_vxlan_mtu is the largest vxlan_mtu the underlay carries"
+}
 
 
 @router.post(
@@ -99,14 +108,15 @@ async def preflight(
     summary="Manually trigger a fabric rollout to compute nodes",
     responses={
         404: {"description": "No fabric configuration stored"},
-        409: {"description": "An apply/teardown is running, no node registered, or the config is incomplete"},
+        409: _APPLY_409,
+        422: {"description": "vnis: no L2 VNI configured on the worker"},
         **_ERRORS,
     },
 )
 async def apply(
-    request: Request, principal: Principal = Depends(require(Role.fabric_admin))
+    request: Request, force: bool = FORCE, principal: Principal = Depends(require(Role.fabric_admin))
 ) -> ApplyAccepted:
-    return await _start_apply(request, principal)
+    return await _start_apply(request, principal, force=force)
 
 
 @router.post(
@@ -149,12 +159,19 @@ async def latest(request: Request, _p: Principal = Depends(require(Role.viewer))
     status_code=202,
     response_model=ApplyAccepted,
     summary="Apply EVPN/FRR config to a single node",
-    responses={404: {"description": "Unknown node or no fabric configuration"}, **_ERRORS},
+    responses={
+        404: {"description": "Unknown node or no fabric configuration"},
+        409: _APPLY_409,
+        **_ERRORS,
+    },
 )
 async def apply_node(
-    node_ip: str, request: Request, principal: Principal = Depends(require(Role.fabric_admin))
+    node_ip: str,
+    request: Request,
+    force: bool = FORCE,
+    principal: Principal = Depends(require(Role.fabric_admin)),
 ) -> ApplyAccepted:
-    return await _start_apply(request, principal, _node_ip(node_ip))
+    return await _start_apply(request, principal, _node_ip(node_ip), force=force)
 
 
 @router.delete(
@@ -185,12 +202,49 @@ async def node_postdeploy(
     node_ip: str, request: Request, _p: Principal = Depends(require(Role.viewer))
 ) -> list[PostdeployStep]:
     rt = request.app.state.runtime
-    raw = await rt.bus.request(
-        rt.bus.subjects.query("fabric", "postdeploy"),
-        PostdeployQuery(node_ip=_node_ip(node_ip)),
-        timeout=SSH_TIMEOUT,
-    )
+    return await _postdeploy(rt, PostdeployQuery(node_ip=_node_ip(node_ip)))
+
+
+async def _postdeploy(rt, q: PostdeployQuery) -> list[PostdeployStep]:  # type: ignore[no-untyped-def]
+    raw = await rt.bus.request(rt.bus.subjects.query("fabric", "postdeploy"), q, timeout=SSH_TIMEOUT)
     return [PostdeployStep.model_validate(s) for s in raw]
+
+
+REGISTERED = "registered"  # batch id of every registered compute node
+
+
+@dataclass(frozen=True)
+class _Member:
+    """One node of a post-deploy aggregate: from a provisioning job, or a registered node."""
+
+    node_ip: str
+    bmc_ip: str
+    job_id: str
+    at: str
+
+
+async def _batch_members(rt, batch_id: str) -> list[_Member]:  # type: ignore[no-untyped-def]
+    """The provisioning batch's jobs (jobs sharing parent_id; a single job is a batch of one).
+    A node never provisioned in a batch (installed before, or provisioned alone and addressed by
+    its IP) is reached by its OS or BMC IP as the id; ``registered`` lists every registered node."""
+    assert rt.db is not None
+    async with rt.db.session() as s:
+        rows = (
+            await s.exec(select(JobRow).where(sa.or_(JobRow.parent_id == batch_id, JobRow.id == batch_id)))
+        ).all()
+    jobs = [r for r in rows if r.parent_id == batch_id] or [r for r in rows if r.id == batch_id]
+    if jobs:
+        return [_Member(j.node_ip, j.bmc_ip, j.id, j.updated_at.isoformat()) for j in jobs]
+    try:
+        raw = await rt.bus.request(rt.bus.subjects.query("inventory", "node_access"), NodeAccessQuery())
+    except NotFound:
+        raw = []
+    nodes = [NodeAccess.model_validate(a) for a in raw or []]
+    now = datetime.now(UTC).isoformat()
+    picked = [n for n in nodes if batch_id in (REGISTERED, n.node_ip, n.bmc_ip)]
+    if not picked:
+        raise NotFound(f"no provisioning batch, job or registered node {batch_id}")
+    return [_Member(n.node_ip, n.bmc_ip, "", now) for n in picked]
 
 
 @router.get(
@@ -198,45 +252,34 @@ async def node_postdeploy(
     response_model=BatchPostdeploy,
     summary="Post-deployment aggregate for a provisioning batch",
     description="Every node of the provisioning batch (jobs sharing parent_id), each with node_ip and "
-    "bmc_ip and its checklist; nodes without an OS IP yet are pending.",
-    responses={404: {"description": "Unknown batch"}, **_ERRORS},
+    "bmc_ip and its checklist; nodes without an OS IP yet are pending. A node that was not provisioned "
+    "in a batch is reached by its OS IP or BMC IP as the id (a batch of one); `registered` aggregates "
+    "every registered node (the nodes an apply reaches).",
+    responses={404: {"description": "Unknown batch, job or node"}, **_ERRORS},
 )
 async def batch_postdeploy(
     batch_id: str, request: Request, _p: Principal = Depends(require(Role.viewer))
 ) -> BatchPostdeploy:
     rt = request.app.state.runtime
-    assert rt.db is not None
-    async with rt.db.session() as s:
-        rows = (
-            await s.exec(select(JobRow).where(sa.or_(JobRow.parent_id == batch_id, JobRow.id == batch_id)))
-        ).all()
-    children = [r for r in rows if r.parent_id == batch_id]
-    if not rows:
-        raise NotFound(f"no provisioning batch {batch_id}")
-    if not children:  # a single job (no batch) is a batch of one
-        children = [r for r in rows if r.id == batch_id]
+    members = await _batch_members(rt, batch_id)
     sem = asyncio.Semaphore(8)
 
-    async def one(job: JobRow) -> BatchNodePostdeploy:
-        node = BatchNodePostdeploy(node_ip=job.node_ip, bmc_ip=job.bmc_ip, job_id=job.id)
-        if not job.node_ip:
+    async def one(m: _Member) -> BatchNodePostdeploy:
+        node = BatchNodePostdeploy(node_ip=m.node_ip, bmc_ip=m.bmc_ip, job_id=m.job_id)
+        if not m.node_ip:
             step = PostdeployStep(step_id="node_ip", status="pending", message="node has no OS IP yet")
-            return node.model_copy(update={"steps": [_tag(step, job, batch_id)]})
+            return node.model_copy(update={"steps": [_tag(step, m, batch_id)]})
         try:
             async with sem:
-                raw = await rt.bus.request(
-                    rt.bus.subjects.query("fabric", "postdeploy"),
-                    PostdeployQuery(node_ip=job.node_ip, bmc_ip=job.bmc_ip, batch_id=batch_id),
-                    timeout=SSH_TIMEOUT,
-                )
-            steps = [PostdeployStep.model_validate(x) for x in raw]
+                q = PostdeployQuery(node_ip=m.node_ip, bmc_ip=m.bmc_ip, batch_id=batch_id)
+                steps = await _postdeploy(rt, q)
         except KariosError as exc:
             steps = [
-                _tag(PostdeployStep(step_id="fabric", status="failed", message=exc.message), job, batch_id)
+                _tag(PostdeployStep(step_id="fabric", status="failed", message=exc.message), m, batch_id)
             ]
         return node.model_copy(update={"steps": steps, "ok": all(st.status == "passed" for st in steps)})
 
-    nodes = list(await asyncio.gather(*(one(j) for j in children)))
+    nodes = list(await asyncio.gather(*(one(m) for m in members)))
     pending = sum(1 for n in nodes if not n.node_ip)
     ok = sum(1 for n in nodes if n.ok)
     return BatchPostdeploy(
@@ -250,14 +293,13 @@ async def batch_postdeploy(
     )
 
 
-def _tag(step: PostdeployStep, job: JobRow, batch_id: str) -> PostdeployStep:
-    now = job.updated_at.isoformat()
+def _tag(step: PostdeployStep, m: _Member, batch_id: str) -> PostdeployStep:
     return step.model_copy(
         update={
-            "node_ip": job.node_ip,
-            "bmc_ip": job.bmc_ip,
+            "node_ip": m.node_ip,
+            "bmc_ip": m.bmc_ip,
             "batch_id": batch_id,
-            "created_at": now,
-            "updated_at": now,
+            "created_at": m.at,
+            "updated_at": m.at,
         }
     )

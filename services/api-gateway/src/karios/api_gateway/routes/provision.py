@@ -9,132 +9,58 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import select
 
 from karios.api_gateway.auth import Principal, Role, require
-from karios.api_gateway.readmodel import JobRow, ProvisionProgress, job_json, progress_json
+from karios.api_gateway.models import (
+    NO_EFFECT,
+    Accepted,
+    BmcIpBody,
+    CompleteBody,
+    FirstbootBody,
+    JobPatch,
+    ProvisionRequest,
+    StepBody,
+    UnprovisionBody,
+)
+from karios.api_gateway.readmodel import (
+    JobOut,
+    JobRow,
+    ProgressOut,
+    ProvisionProgress,
+    job_json,
+    progress_json,
+)
+from karios.common.contracts.inventory import BmcHardware, BmcHardwareQuery
 from karios.common.contracts.provision import (
     CallbackRequest,
     CancelJob,
+    JobView,
     ProvisionSpec,
     QueueQuery,
     StartProvision,
-    check_debian_version,
-    check_pool,
 )
 from karios.common.crypto import SecretBox
-from karios.common.errors import Conflict, NotFound, ValidationFailed
-from karios.common.netaddr import IPStr
-
-router = APIRouter(prefix="/controlnode", tags=["provisioning"])
-VENDORS = ("cisco", "dell", "hp", "lenovo", "supermicro")
-ACTIVE = ("queued", "building_media", "mounting", "booting", "installing", "first_boot", "stuck")
-
-
-class ProvisionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    bmc_IP: IPStr = Field(description="BMC IP address (required); one running job per BMC")
-    vendor: str = Field(description="cisco | dell | hp | lenovo | supermicro | generic (required)")
-    hostname: str = Field("", description="OS hostname written into the preseed")
-    debian_version: str = Field("12", description="12/bookworm or 13/trixie: which installer boots")
-    arch: str = Field("amd64", description="Only amd64 media are built")
-    os_username: str = Field("debian", description="OS user created by the installer")
-    os_password: str | None = Field(
-        None, description="OS password (default adminadmin); hashed in the preseed"
-    )
-    root_pass: str | None = Field(None, description="Root password; root login disabled when unset")
-    selected_disks: list[str] = Field(default_factory=list, description="Install disks")
-    pool_type: str = Field("single", description="single|stripe|mirror|raidz1|raidz2 → md RAID -/0/1/5/6")
-    selected_nic: str = Field("", description="Installer interface (default: auto)")
-    selected_nic_legacy: str = Field("", description="Legacy NIC name (kept in metadata)")
-    selected_nic_mac: str = Field("", description="MAC of the selected NIC")
-    mac_address: str = Field("", description="Kept in metadata")
-    prefix_id: int | None = Field(None, description="Static address from the inventory's pool when set")
-    network_role: str = Field("", description="Kept in metadata")
-    gpu_passthrough: Any = Field(None, description="true, [vendor:device ids] or {device_ids, iommu}")
-    controlnode_host: str = Field("", description="Callback host the installer uses (default: public URL)")
-    controlnode_port: str = Field("", description="Callback port")
-    device_id: int | None = Field(None, description="NetBox device id (kept in metadata)")
-    branch: str = ""
-    cache_dir: str = ""
-    kubernetes_cluster_name: str = ""
-    kubernetes_cluster_type: str = ""
-    location: str = ""
-    output_iso: str = ""
-    pxe_path: str = ""
-    pxe_server: str = ""
-    rack_number: str = ""
-    sys_iuri: str = ""
-    vm_slot: str = ""
-    zone: str = ""
-    parent_id: str = Field("", description="Batch job id: jobs started by one UI action share it")
-
-
-_NO_EFFECT = (
-    "branch",
-    "cache_dir",
-    "kubernetes_cluster_name",
-    "kubernetes_cluster_type",
-    "location",
-    "output_iso",
-    "pxe_path",
-    "pxe_server",
-    "rack_number",
-    "sys_iuri",
-    "vm_slot",
-    "zone",
-    "selected_nic_legacy",
-    "mac_address",
-    "network_role",
-    "device_id",
-    "prefix_id",
+from karios.common.errors import NotFound
+from karios.common.provisioning import (
+    TERMINAL_STATES,
+    bound_log,
+    bound_message,
+    refuse_second_job,
+    validate_provision,
+    validate_unprovision,
 )
 
-
-class Accepted(BaseModel):
-    job_id: str
-    message: str
-    status: str = "queued"
-    success: bool = True
-
-
-class BmcIpBody(BaseModel):
-    bmc_ip: IPStr
-
-
-class StepBody(BaseModel):
-    step: str = Field(min_length=1, max_length=200)
-    state: Literal["active", "done", "failed"]
-    percent: int | None = Field(None, ge=0, le=100)
-
-
-class CompleteBody(BaseModel):
-    os_ip: str = ""
-    os_password: str | None = None
-
-
-class FirstbootBody(BaseModel):
-    bmc_ip: IPStr
-    os_ip: IPStr
-
-
-class UnprovisionBody(BaseModel):
-    bmc_ip: IPStr
-    bmc_user: str | None = None
-    bmc_pass: str | None = None
-    vendor: str = "generic"
-
-
-class JobPatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    metadata: str | dict[str, Any] | None = None
-    resource_name: str | None = None
+router = APIRouter(prefix="/controlnode", tags=["provisioning"])
+VENDOR_ROUTES = ("cisco", "dell", "hp", "lenovo", "supermicro")  # POST /controlnode/provision/<vendor>
+# Fields kept in the job's metadata: those with no effect, and prefix_id (as before).
+_IN_METADATA = tuple(n for n, f in ProvisionRequest.model_fields.items() if f.description == NO_EFFECT)
+_METADATA_ALSO = ("prefix_id",)
+_SPEC_FIELDS = set(ProvisionSpec.model_fields)
 
 
 def _db(request: Request):  # type: ignore[no-untyped-def]
@@ -144,17 +70,32 @@ def _db(request: Request):  # type: ignore[no-untyped-def]
 async def _refuse_running(request: Request, bmc_ip: str) -> None:
     async with _db(request).session() as s:
         row = (
-            await s.exec(select(JobRow).where(JobRow.bmc_ip == bmc_ip, JobRow.job_status.in_(ACTIVE)))
+            await s.exec(
+                select(JobRow).where(JobRow.bmc_ip == bmc_ip, JobRow.job_status.notin_(TERMINAL_STATES))
+            )
         ).first()
-    if row is not None:
-        raise Conflict(
-            f"BMC {bmc_ip} already has running job {row.id}; cancel it first", details={"job_id": row.id}
+    refuse_second_job(bmc_ip, row.id if row is not None else None)
+
+
+async def _known_bmc(request: Request, bmc_ip: str, field: str) -> None:
+    """404 naming ``field`` when the inventory has no device with this BMC (before any work)."""
+    rt = request.app.state.runtime
+    try:
+        await rt.bus.request(
+            rt.bus.subjects.query("inventory", "bmc_hardware"),
+            BmcHardwareQuery(bmc_ip=bmc_ip),
+            reply=BmcHardware,
         )
+    except NotFound:
+        raise NotFound(f"{field}: no device with BMC IP {bmc_ip} in the inventory", field=field) from None
 
 
-async def _accept(request: Request, cmd: StartProvision, metadata: dict[str, Any]) -> JSONResponse:
+async def _accept(
+    request: Request, cmd: StartProvision, metadata: dict[str, Any], field: str
+) -> JSONResponse:
     rt = request.app.state.runtime
     await _refuse_running(request, cmd.spec.bmc_ip)
+    await _known_bmc(request, cmd.spec.bmc_ip, field)
     async with _db(request).session() as s, s.begin():
         s.add(
             JobRow(
@@ -185,31 +126,32 @@ async def _accept(request: Request, cmd: StartProvision, metadata: dict[str, Any
 
 
 async def _provision(body: ProvisionRequest, request: Request, vendor: str) -> JSONResponse:
+    """Validate (422 naming the field), then 409/404 checks, then the job is recorded and queued."""
     box: SecretBox = request.app.state.secret_box
     ip = str(body.bmc_IP)
-    check_pool(body.pool_type, body.selected_disks)
-    check_debian_version(body.debian_version)
-    if body.arch != "amd64":
-        raise ValidationFailed("arch: only amd64 media are built", field="arch")
-    metadata = {k: getattr(body, k) for k in _NO_EFFECT if getattr(body, k) not in ("", None)}
-    spec = ProvisionSpec(
-        **body.model_dump(
-            exclude={"bmc_IP", "vendor", "os_password", "root_pass", "parent_id", *_NO_EFFECT[:12]}
-        ),
-        bmc_ip=ip,
-        vendor=vendor,
-        os_password_enc=box.encrypt(body.os_password, context=f"os:{ip}") if body.os_password else None,
-        root_pass_enc=box.encrypt(body.root_pass, context=f"os:{ip}") if body.root_pass else None,
-        metadata=metadata,
+    metadata = {
+        k: getattr(body, k) for k in (*_IN_METADATA, *_METADATA_ALSO) if getattr(body, k) not in ("", None)
+    }
+    spec = validate_provision(
+        ProvisionSpec(
+            **body.model_dump(include=_SPEC_FIELDS - {"bmc_ip", "vendor", "metadata"}),
+            bmc_ip=ip,
+            vendor=vendor,
+            metadata=metadata,
+        )
     )
+    spec.os_password_enc = box.encrypt(body.os_password, context=f"os:{ip}") if body.os_password else None
+    spec.root_pass_enc = box.encrypt(body.root_pass, context=f"os:{ip}") if body.root_pass else None
     cmd = StartProvision(job_id=str(uuid.uuid4()), spec=spec, parent_id=body.parent_id)
-    return await _accept(request, cmd, metadata)
+    return await _accept(request, cmd, metadata, "bmc_IP")
 
 
 _ACCEPTED = {
     202: {"description": "Job queued", "model": Accepted},
+    404: {"description": "No device with this BMC IP in the inventory (`field` names it)"},
     409: {"description": "BMC has a running job"},
     422: {"description": "Invalid field (named in `field`)"},
+    503: {"description": "Inventory unavailable"},
 }
 
 
@@ -242,11 +184,13 @@ def _vendor_route(vendor: str) -> None:
     )(provision_vendor)
 
 
-for _v in VENDORS:
+for _v in VENDOR_ROUTES:
     _vendor_route(_v)
 
 
-@router.post("/provision/progress", summary="Latest provision progress for a BMC IP")
+@router.post(
+    "/provision/progress", response_model=ProgressOut, summary="Latest provision progress for a BMC IP"
+)
 async def progress(body: BmcIpBody, request: Request, _p: Principal = Depends(require(Role.viewer))) -> dict:
     async with _db(request).session() as s:
         row = (
@@ -261,7 +205,11 @@ async def progress(body: BmcIpBody, request: Request, _p: Principal = Depends(re
     return progress_json(row)
 
 
-@router.post("/provision/progress/all", summary="All provision progress records for a BMC IP")
+@router.post(
+    "/provision/progress/all",
+    response_model=list[ProgressOut],
+    summary="All provision progress records for a BMC IP",
+)
 async def progress_all(
     body: BmcIpBody, request: Request, _p: Principal = Depends(require(Role.viewer))
 ) -> list[dict]:
@@ -295,12 +243,12 @@ async def _job(request: Request, job_id: str) -> JobRow:
     return row
 
 
-@router.get("/job/{id}", summary="Get Job Status")
+@router.get("/job/{id}", response_model=JobOut, summary="Get Job Status")
 async def get_job(id: str, request: Request, _p: Principal = Depends(require(Role.viewer))) -> dict:
     return job_json(await _job(request, id))
 
 
-@router.patch("/job/{id}", summary="Patch Job Status (metadata, resource_name)")
+@router.patch("/job/{id}", response_model=JobOut, summary="Patch Job Status (metadata, resource_name)")
 async def patch_job(
     id: str,
     body: JobPatch,
@@ -318,10 +266,14 @@ async def patch_job(
     return job_json(row)
 
 
-@router.post("/job/{id}/cancel", summary="Cancel a running provision job (idempotent)")
-async def cancel(id: str, request: Request, _p: Principal = Depends(require(Role.operator))) -> dict:
+@router.post(
+    "/job/{id}/cancel", response_model=JobView, summary="Cancel a running provision job (idempotent)"
+)
+async def cancel(id: str, request: Request, _p: Principal = Depends(require(Role.operator))) -> JobView:
     rt = request.app.state.runtime
-    return await rt.bus.request(rt.bus.subjects.request("provision", "cancel"), CancelJob(job_id=id))
+    return await rt.bus.request(
+        rt.bus.subjects.request("provision", "cancel"), CancelJob(job_id=id), reply=JobView
+    )
 
 
 def installer_token(
@@ -332,13 +284,20 @@ def installer_token(
     return x_karios_job_token or token or ""
 
 
-@router.post("/job/{id}/step", summary="Installer step report (job token, no operator auth)")
+@router.post(
+    "/job/{id}/step",
+    response_model=JobView,
+    summary="Installer step report (job token, no operator auth)",
+    description="A step naming a stage of the job's install method gets its label and percentage; "
+    '`state: "failed"` fails the job at once with "<stage label>: <message>" and keeps `log` as the '
+    "job's `log_tail`.",
+)
 async def step(
     id: str,
     body: StepBody,
     request: Request,
     job_token: str = Depends(installer_token),
-) -> dict:
+) -> JobView:
     rt = request.app.state.runtime
     req = CallbackRequest(
         job_id=id,
@@ -346,11 +305,15 @@ async def step(
         step=body.step,
         state=body.state,
         percent=body.percent,
+        message=bound_message(body.message),
+        log=bound_log(body.log),
     )
-    return await rt.bus.request(rt.bus.subjects.request("provision", "step"), req)
+    return await rt.bus.request(rt.bus.subjects.request("provision", "step"), req, reply=JobView)
 
 
-@router.post("/job/{id}/complete", summary="Installer reports the OS installed (job token)")
+@router.post(
+    "/job/{id}/complete", response_model=JobView, summary="Installer reports the OS installed (job token)"
+)
 async def complete(
     id: str,
     body: CompleteBody,
@@ -364,11 +327,15 @@ async def complete(
         token=job_token,
         os_ip=body.os_ip,
         os_password_enc=box.encrypt(body.os_password, context=f"os-job:{id}") if body.os_password else None,
+        message=bound_message(body.message),
+        log=bound_log(body.log),
     )
-    return await rt.bus.request(rt.bus.subjects.request("provision", "complete"), req)
+    return await rt.bus.request(rt.bus.subjects.request("provision", "complete"), req, reply=JobView)
 
 
-@router.post("/firstboot", summary="Installed OS reports its IP on first boot (job token)")
+@router.post(
+    "/firstboot", response_model=JobView, summary="Installed OS reports its IP on first boot (job token)"
+)
 async def firstboot(
     body: FirstbootBody,
     request: Request,
@@ -376,7 +343,7 @@ async def firstboot(
 ) -> dict:
     rt = request.app.state.runtime
     req = CallbackRequest(token=job_token, bmc_ip=str(body.bmc_ip), os_ip=str(body.os_ip))
-    return await rt.bus.request(rt.bus.subjects.request("provision", "firstboot"), req)
+    return await rt.bus.request(rt.bus.subjects.request("provision", "firstboot"), req, reply=JobView)
 
 
 @router.post(
@@ -391,7 +358,7 @@ async def unprovision(
 ) -> JSONResponse:
     box: SecretBox = request.app.state.secret_box
     ip = str(body.bmc_ip)
-    spec = ProvisionSpec(bmc_ip=ip, vendor=body.vendor, hostname="wipe")
+    spec = validate_unprovision(ProvisionSpec(bmc_ip=ip, vendor=body.vendor, hostname="wipe"))
     cmd = StartProvision(
         job_id=str(uuid.uuid4()),
         job_type="unprovision",
@@ -399,4 +366,4 @@ async def unprovision(
         bmc_username=body.bmc_user,
         bmc_password_enc=box.encrypt(body.bmc_pass, context=f"bmc:{ip}") if body.bmc_pass else None,
     )
-    return await _accept(request, cmd, {})
+    return await _accept(request, cmd, {}, "bmc_ip")

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from karios.api_gateway.auth import Principal, Role, require
 from karios.common.contracts.inventory import RegisterNode, RegisterNodeResult
 from karios.common.crypto import SecretBox
+from karios.common.errors import ServiceUnavailable
 from karios.common.netaddr import IPStr, OptIPStr, OptMacStr
 
 router = APIRouter(prefix="/controlnode", tags=["nodes"])
@@ -67,9 +68,19 @@ async def register(
         else None,
         is_control_node=True,
     )
-    result = await rt.bus.request(
-        rt.bus.subjects.request("inventory", "register_node"), cmd, reply=RegisterNodeResult
-    )
+    try:
+        result = await rt.bus.request(
+            rt.bus.subjects.request("inventory", "register_node"), cmd, reply=RegisterNodeResult
+        )
+    except ServiceUnavailable as exc:
+        if (exc.details or {}).get("outcome") != "unknown":
+            raise  # never reached inventory: nothing was applied
+        # Sent, but no answer in time: say so instead of implying nothing happened.
+        raise ServiceUnavailable(
+            f"inventory did not answer in time; node {body.bmc_ip} may have been registered. "
+            "Registering is idempotent (keyed by bmc_ip): retrying is safe",
+            details={"outcome": "unknown", "bmc_ip": str(body.bmc_ip)},
+        ) from None
     verb = "registered" if result.created else "updated"
     return RegisterResponse(
         created=result.created,

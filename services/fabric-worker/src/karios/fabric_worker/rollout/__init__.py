@@ -15,9 +15,8 @@ from karios.fabric_worker.rollout.node import (
     NodeResult,
     NodeRollout,
     RolloutOptions,
-    postdeploy_node,
-    teardown_node,
 )
+from karios.fabric_worker.rollout.node_ops import postdeploy_node, teardown_node
 from karios.fabric_worker.rollout.preflight import PreflightResult, preflight
 from karios.fabric_worker.rollout.summary import JobSummary
 

@@ -13,6 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from karios.common.contracts.fabric import VtepPoolHeadroom
+from karios.fabric_worker.config.pool import VtepPool
+
 
 class UnderlayProtocol(StrEnum):
     OSPF = "ospf"
@@ -51,7 +54,7 @@ class FabricIntent(BaseModel):
     vxlan_mtu: int = Field(default=1500, ge=1280, le=9216)
     advertise_all_vni: bool = True
     vnis: tuple[int, ...] = ()
-    frr_log_file: str = "/var/log/frr/frr.log"
+    frr_log_file: str = "/var/log/frr/frr-{hostname}.log"  # {hostname}: one log per FRR instance
 
     @field_validator("peer_ip", "router_id_base")
     @classmethod
@@ -163,28 +166,18 @@ class NodeTarget(BaseModel):
 # -- VTEP pool ------------------------------------------------------------------------------
 
 
-class VtepPoolStatus(BaseModel):
-    router_id_base: str
-    router_id_prefix_len: int
-    capacity: int
-    expected_nodes: int
-    headroom: int
-    overalloc_warn: bool
+def vtep_pool_capacity(base: str, prefix_len: int, reserved: tuple[str, ...] = ()) -> int:
+    """Usable VTEP addresses from `base` to the end of its prefix: the one sizing rule of
+    :class:`karios.fabric_worker.config.pool.VtepPool` (no .0/.255 of any /24, nor `reserved`,
+    e.g. the switch's peering IP), the same number ``GET /vtep-pool`` reports as total_usable."""
+    return VtepPool.of(base, prefix_len, reserved).total_usable
 
 
-def vtep_pool_capacity(base: str, prefix_len: int) -> int:
-    """Usable VTEP addresses from `base` to the end of its prefix (network/broadcast excluded)."""
-    net = ipaddress.IPv4Network(f"{base}/{prefix_len}", strict=False)
-    if net.prefixlen >= 31:
-        return net.num_addresses
-    first = max(int(ipaddress.IPv4Address(base)), int(net.network_address) + 1)
-    last = int(net.broadcast_address) - 1
-    return max(0, last - first + 1)
-
-
-def vtep_pool_status(base: str, prefix_len: int, expected_nodes: int) -> VtepPoolStatus:
-    cap = vtep_pool_capacity(base, prefix_len)
-    return VtepPoolStatus(
+def vtep_pool_status(
+    base: str, prefix_len: int, expected_nodes: int, reserved: tuple[str, ...] = ()
+) -> VtepPoolHeadroom:
+    cap = vtep_pool_capacity(base, prefix_len, reserved)
+    return VtepPoolHeadroom(
         router_id_base=base,
         router_id_prefix_len=prefix_len,
         capacity=cap,
@@ -203,29 +196,20 @@ def allocate_vteps(
 ) -> dict[str, str]:
     """{node_ip: vtep_ip} for every node: keeps `existing` allocations still inside the pool,
     gives new nodes (in address order, so the result does not depend on list order) the
-    lowest free addresses from `router_id_base` upward."""
-    pool = intent.vtep_pool
-    base = int(ipaddress.IPv4Address(intent.router_id_base))
-    first = base if pool.prefixlen >= 31 else max(base, int(pool.network_address) + 1)
-    last = int(pool.broadcast_address) if pool.prefixlen >= 31 else int(pool.broadcast_address) - 1
+    lowest free addresses of the pool (same rule as the stored pool: :class:`VtepPool`)."""
+    pool = VtepPool.of(intent.router_id_base, intent.router_id_prefix_len, (intent.peer_ip,))
     result: dict[str, str] = {}
-    used: set[int] = set()
     for ip, vtep in (existing or {}).items():
-        if ip in node_ips:
-            v = int(ipaddress.IPv4Address(vtep))
-            if first <= v <= last and v not in used:
-                result[ip] = str(ipaddress.IPv4Address(v))
-                used.add(v)
-    candidate = first
+        if ip in node_ips and pool.contains(vtep) and vtep not in result.values():
+            result[ip] = str(ipaddress.IPv4Address(vtep))
+    free = (str(a) for a in pool.addresses() if str(a) not in result.values())
     for ip in sorted(set(node_ips) - result.keys(), key=lambda s: ipaddress.ip_address(s)):
-        while candidate in used:
-            candidate += 1
-        if candidate > last:
+        vtep = next(free, None)
+        if vtep is None:
             raise VtepPoolExhausted(
-                f"VTEP pool {pool} has no free address for {ip} (capacity {last - first + 1})"
+                f"VTEP pool {pool.subnet} has no free address for {ip} (capacity {pool.total_usable})"
             )
-        result[ip] = str(ipaddress.IPv4Address(candidate))
-        used.add(candidate)
+        result[ip] = vtep
     return dict(sorted(result.items(), key=lambda kv: ipaddress.ip_address(kv[0])))
 
 

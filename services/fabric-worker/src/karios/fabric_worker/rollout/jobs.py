@@ -15,9 +15,9 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
-from pydantic import BaseModel
-
+from karios.common.contracts.fabric import FabricRolloutEvent
 from karios.common.errors import Conflict, NotFound
+from karios.fabric_worker.rollout.facts import NodeFacts
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, NodeTarget
 from karios.fabric_worker.rollout.node import (
     BaselineFn,
@@ -25,33 +25,25 @@ from karios.fabric_worker.rollout.node import (
     NodeResult,
     NodeRollout,
     RolloutOptions,
-    teardown_node,
 )
+from karios.fabric_worker.rollout.node_ops import teardown_node
 from karios.fabric_worker.rollout.summary import (
     JobNode,
     JobStatus,
     JobSummary,
     JobType,
     finalize,
+    finalize_interrupted,
     record_node,
 )
 
 log = logging.getLogger(__name__)
 
 
-class RolloutEvent(BaseModel):
-    """One progress event (SSE channel `fabric`, event type `fabric_switch`). No secrets."""
-
-    job_id: str
-    job_type: JobType
-    state: str
-    progress: int = 0
-    node_ip: str = ""
-    fqdn: str = ""
-    message: str = ""
-
-
+# One progress event (SSE channel `fabric`, event type `fabric_switch`): the contract model.
+RolloutEvent = FabricRolloutEvent
 EventSink = Callable[[RolloutEvent], Awaitable[None]]
+NODE_DONE = frozenset({"node_ready", "node_failed"})  # a node's apply ended (before any rollback)
 
 
 async def _discard(_: RolloutEvent) -> None:
@@ -77,7 +69,7 @@ class ApplyJob:
 
     def __init__(
         self,
-        intent: FabricIntent,
+        intent: FabricIntent | None,
         nodes: Sequence[NodeTarget],
         vtep_allocations: dict[str, str],
         *,
@@ -88,6 +80,7 @@ class ApplyJob:
         sink: EventSink | None = None,
         job_id: str | None = None,
         before_change: BaselineFn | None = None,
+        resume: JobSummary | None = None,
     ) -> None:
         self.job_id = job_id or str(uuid.uuid4())
         self._before_change = before_change
@@ -103,7 +96,8 @@ class ApplyJob:
         self._cancelled = False
         self._strict_failed = False
         self.results: list[NodeResult] = []
-        self.summary = JobSummary(
+        self._runs: dict[str, NodeRollout] = {}
+        self.summary = resume or JobSummary(
             job_id=self.job_id, job_type=JobType.APPLY, strict=strict, total_nodes=len(self.nodes)
         )
 
@@ -132,6 +126,10 @@ class ApplyJob:
             log.exception("fabric event sink failed for %s", state)
 
     async def _on_node(self, ev: NodeEvent) -> None:
+        run = self._runs.get(ev.node_ip)
+        if run is not None and ev.state in NODE_DONE:
+            # Count the node before its event goes out: the event's progress includes it.
+            self.summary = record_node(self.summary, _job_node(run.result))
         await self._emit(ev.state, node_ip=ev.node_ip, fqdn=ev.fqdn, message=ev.message)
 
     def cancel(self) -> None:
@@ -146,19 +144,8 @@ class ApplyJob:
     async def run(self) -> JobSummary:
         await self._emit("apply_started", message=f"{len(self.nodes)} node(s)")
         sem = asyncio.Semaphore(self.concurrency)
-        runs: list[NodeRollout] = []
-        for t in self.nodes:
-            runs.append(
-                NodeRollout(
-                    t,
-                    self.intent,
-                    self.vteps.get(t.node_ip, ""),
-                    override=self.overrides.get(t.node_ip),
-                    options=self.options,
-                    progress=self._on_node,
-                    before_change=self._before_change,
-                )
-            )
+        runs = [self._node(t) for t in self.nodes]
+        self._runs = {r.target.node_ip: r for r in runs}
 
         async def one(run: NodeRollout) -> None:
             async with sem:
@@ -174,25 +161,89 @@ class ApplyJob:
                 self._abort.set()
 
         await asyncio.gather(*(one(r) for r in runs))
-        if self._cancelled or self._strict_failed:
+        forced = self._cancelled or self._strict_failed
+        if forced:
             to_roll = [r for r in runs if r.result.touched]
             await self._emit("apply_rolling_back", message=f"{len(to_roll)} touched node(s)")
         else:
             to_roll = [r for r in runs if r.result.touched and not r.result.ok]
+        await self._roll_back(to_roll, sem, forced=forced)
+        self.results = [r.result for r in runs]
+        return await self._end(
+            finalize(self.summary, cancelled=self._cancelled, aborted_by_strict=self._strict_failed)
+        )
+
+    async def recover(
+        self, baselines: dict[str, NodeFacts], *, previous: str, cancelled: bool, missing: str = ""
+    ) -> JobSummary:
+        """Crash recovery: the replica that ran this job died after touching the nodes in
+        `baselines` (persisted before each first change). Roll them back on the same path
+        :meth:`run` uses, then end the job failed (cancelled when a cancel was requested).
+        A touched node missing from ``self.nodes`` cannot be reached (`missing` says why)."""
+        targets = {t.node_ip: t for t in self.nodes}
+        fqdns = {n.node_ip: n.fqdn for n in self.summary.nodes}
+        if baselines:
+            await self._emit(
+                "apply_rolling_back", message=f"{len(baselines)} touched node(s); worker {previous} stopped"
+            )
+        runs, stuck = [], []
+        for node_ip, baseline in sorted(baselines.items()):
+            if node_ip not in targets:
+                stuck.append(f"{node_ip}: {missing or 'node no longer registered'}")
+                continue
+            run = self._node(targets[node_ip])
+            run.baseline = baseline
+            runs.append(run)
+        await self._roll_back(runs, asyncio.Semaphore(self.concurrency), forced=False)
+        for run in runs:
+            if not run.result.rolled_back:
+                stuck.append(f"{run.result.node_ip}: {run.result.error.removeprefix('rollback failed: ')}")
+        back = [r.result.node_ip for r in runs if r.result.rolled_back]
+        for ip in back:
+            node = JobNode(
+                node_ip=ip,
+                fqdn=fqdns.get(ip, ""),
+                rolled_back=True,
+                error="interrupted; rolled back to baseline",
+            )
+            self.summary = record_node(self.summary, node)
+        for item in stuck:
+            ip, _, why = item.partition(": ")
+            node = JobNode(node_ip=ip, fqdn=fqdns.get(ip, ""), error=f"interrupted; rollback failed: {why}")
+            self.summary = record_node(self.summary, node)
+        return await self._end(
+            finalize_interrupted(self.summary, previous=previous, back=back, stuck=stuck, cancelled=cancelled)
+        )
+
+    def _node(self, target: NodeTarget) -> NodeRollout:
+        assert self.intent is not None, "only recover() runs without an intent, and with no nodes"
+        return NodeRollout(
+            target,
+            self.intent,
+            self.vteps.get(target.node_ip, ""),
+            override=self.overrides.get(target.node_ip),
+            options=self.options,
+            progress=self._on_node,
+            before_change=self._before_change,
+        )
+
+    async def _roll_back(self, runs: Sequence[NodeRollout], sem: asyncio.Semaphore, *, forced: bool) -> None:
+        """Put `runs` back to their baselines (bounded); `forced`: the whole job aborts, so a node
+        that succeeded is reported failed too. Shared by :meth:`run` and :meth:`recover`."""
 
         async def back(run: NodeRollout) -> None:
             async with sem:
                 await run.rollback()
-            if self._cancelled or self._strict_failed:
+            if forced:
                 run.result.ok = False
                 run.result.error = run.result.error or "rolled back"
             self.summary = record_node(self.summary, _job_node(run.result))
 
-        await asyncio.gather(*(back(r) for r in to_roll))
-        self.results = [r.result for r in runs]
-        self.summary = finalize(
-            self.summary, cancelled=self._cancelled, aborted_by_strict=self._strict_failed
-        )
+        await asyncio.gather(*(back(r) for r in runs))
+
+    async def _end(self, summary: JobSummary) -> JobSummary:
+        """Store the terminal summary and emit the job's final event (shared by run/recover)."""
+        self.summary = summary
         final = {
             JobStatus.CANCELLED: "apply_cancelled",
             JobStatus.COMPLETED: "apply_completed",
@@ -219,6 +270,8 @@ async def run_teardown_job(
     )
 
     async def emit(state: str, **kw: str) -> None:
+        nonlocal summary
+        summary = summary.model_copy(update={"state": state})  # /latest shows the last event
         with contextlib.suppress(Exception):
             await sink(
                 RolloutEvent(

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from pydantic import BaseModel
 
@@ -28,8 +29,9 @@ from karios.fabric_worker.rollout.facts import (
 )
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, NodeTarget
 from karios.fabric_worker.rollout.plan import (
+    FRR_FORCE_STOP,
     INSTALL_FRR_SCRIPT,
-    ChecklistStep,
+    INTERRUPT_STEP_SCRIPT,
     DesiredNetwork,
     FrrAction,
     FrrPlan,
@@ -40,7 +42,7 @@ from karios.fabric_worker.rollout.plan import (
     network_commands,
     overlay_mtu,
     parse_evpn_summary,
-    postdeploy_checklist,
+    step_command,
     verify_verdict,
     write_file_command,
 )
@@ -48,6 +50,7 @@ from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_fil
 from karios.fabric_worker.rollout.ssh import NodeSession, open_session, redact
 
 EVPN_SUMMARY_COMMAND = "vtysh -c 'show bgp l2vpn evpn summary json'"
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,17 +98,40 @@ class NodeResult(BaseModel):
 
 
 async def apply_frr_plan(s: NodeSession, plan: FrrPlan, limit_s: float) -> None:
-    """Write/delete the managed files and start/restart/reload/stop FRR (stop before writing)."""
+    """Write/delete the managed files and start/restart/reload/stop FRR (stop before writing).
+    Each command is an interruptible step (:func:`step_command`): a cancel kills it."""
     stop_first = plan.action is FrrAction.STOP
     if stop_first:
-        await s.run(frr_action_command(plan.action) or "true", limit_s=limit_s)
+        await s.run(step_command(frr_action_command(plan.action) or "true"), limit_s=limit_s)
     for name in MANAGED_FILES:
         if name in plan.writes:
             content = plan.writes[name]
-            await s.run(write_file_command(name, content), input=content, limit_s=limit_s)
+            await s.run(step_command(write_file_command(name, content)), input=content, limit_s=limit_s)
     cmd = None if stop_first else frr_action_command(plan.action)
     if cmd:
-        await s.run(cmd, limit_s=limit_s)
+        await s.run(step_command(cmd), limit_s=limit_s)
+
+
+async def until_abort(work: Awaitable[T], abort: asyncio.Event | None, label: str) -> T:
+    """Await `work`, or stop it the moment `abort` is set (whatever command it is waiting on:
+    the SSH session closes; the rollback kills the interrupted step on the node)."""
+    if abort is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    stop = asyncio.ensure_future(abort.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this task itself was cancelled (worker stopping)
+        task.cancel()
+        raise
+    finally:
+        stop.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, KariosError):
+        await task
+    raise RolloutCancelled(f"{label}: rollout aborted")
 
 
 class NodeRollout:
@@ -174,15 +200,21 @@ class NodeRollout:
 
     async def _run_script(self, s: NodeSession, cmds: list[str]) -> None:
         if cmds:
-            await s.run("set -e\n" + "\n".join(cmds), limit_s=self.options.command_timeout)
+            await s.run(step_command("set -e\n" + "\n".join(cmds)), limit_s=self.options.command_timeout)
 
     async def _apply_frr(self, s: NodeSession, plan: FrrPlan) -> None:
         await apply_frr_plan(s, plan, self.options.command_timeout)
 
     async def _keep_baseline(self) -> None:
         if not self._baseline_kept and self._before_change is not None and self.baseline is not None:
-            await self._before_change(self.target.node_ip, self.baseline)
+            # Shielded: a cancel must not cut a database write in half (the node is untouched yet).
+            await asyncio.shield(self._before_change(self.target.node_ip, self.baseline))
         self._baseline_kept = True
+
+    def _who(self) -> str:
+        """The node as a message names it: "node2 (198.18.0.12)", or the address alone."""
+        ip, name = self.target.node_ip, self.result.fqdn or self.target.fqdn
+        return f"{name} ({ip})" if name and name != ip else ip
 
     def _check_abort(self, abort: asyncio.Event | None) -> None:
         if abort is not None and abort.is_set():
@@ -197,14 +229,7 @@ class NodeRollout:
         try:
             self._check_abort(abort)
             await self._emit("node_connecting")
-            async with contextlib.AsyncExitStack() as stack:
-                try:
-                    s = await stack.enter_async_context(self._session())
-                except (NodeUnreachable, HostKeyChanged):
-                    r.reachable = False
-                    raise
-                r.host_key, r.host_key_first_seen = s.host_key, s.host_key_first_seen
-                await self._apply_with(s, abort)
+            await until_abort(self._connect_and_apply(abort), abort, self.target.label)
             r.ok = True
             await self._emit("node_ready", "unchanged" if not r.changed else f"FRR {r.frr_action or 'kept'}")
         except KariosError as exc:
@@ -214,6 +239,17 @@ class NodeRollout:
         finally:
             r.duration_s = round(time.monotonic() - t0, 3)
         return r
+
+    async def _connect_and_apply(self, abort: asyncio.Event | None) -> None:
+        r = self.result
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                s = await stack.enter_async_context(self._session())
+            except (NodeUnreachable, HostKeyChanged):
+                r.reachable = False
+                raise
+            r.host_key, r.host_key_first_seen = s.host_key, s.host_key_first_seen
+            await self._apply_with(s, abort)
 
     async def _apply_with(self, s: NodeSession, abort: asyncio.Event | None) -> None:
         r, opts = self.result, self.options
@@ -226,7 +262,7 @@ class NodeRollout:
             await self._keep_baseline()
             await self._emit("node_installing_frr")
             r.touched = True
-            await s.run(INSTALL_FRR_SCRIPT, limit_s=opts.install_timeout)
+            await s.run(step_command(INSTALL_FRR_SCRIPT, killable=False), limit_s=opts.install_timeout)
             facts = await self._discover(s)
             r.steps.append("frr_installed")
         else:
@@ -270,7 +306,9 @@ class NodeRollout:
             if not verdict:
                 return
             if time.monotonic() >= deadline:
-                raise FabricVerifyFailed(f"{verdict} after {self.options.verify_timeout:.0f} s")
+                raise FabricVerifyFailed(
+                    f"{self._who()}: {verdict} after {self.options.verify_timeout:.0f} s"
+                )
             if abort is not None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(abort.wait(), self.options.verify_interval)
@@ -318,6 +356,10 @@ async def rollback_node(
     await emit(NodeEvent(target.node_ip, label, "node_rolling_back"))
     try:
         async with open_session(target, connect_timeout=opts.connect_timeout, secrets=secret_list) as s:
+            # An interrupted package install is waited for (never killed): up to install_timeout.
+            killed = await s.run(INTERRUPT_STEP_SCRIPT, limit_s=opts.install_timeout)
+            if "interrupted" in killed.stdout:  # a cancel cut a step short: FRR's state is unknown
+                await s.run(FRR_FORCE_STOP, limit_s=opts.command_timeout)
             try:
                 current = parse_facts((await s.run(DISCOVER_SCRIPT, limit_s=opts.command_timeout)).stdout)
             except ValueError as exc:
@@ -340,92 +382,3 @@ async def rollback_node(
         msg = redact(exc.message, secret_list)
         await emit(NodeEvent(target.node_ip, label, "node_rollback_failed", msg))
         return False, msg
-
-
-# -- teardown ------------------------------------------------------------------------------
-
-
-class TeardownResult(BaseModel):
-    node_ip: str
-    fqdn: str = ""
-    removed: bool = False
-    reachable: bool = True
-    message: str = ""
-    steps: list[str] = []
-
-
-async def teardown_node(
-    target: NodeTarget,
-    intent: FabricIntent | None,
-    *,
-    options: RolloutOptions | None = None,
-    vnis: tuple[int, ...] = (),
-) -> TeardownResult:
-    """Stop FRR, remove the managed /etc/frr files, vtep0 and the VXLAN devices. The FRR
-    package itself stays installed. Without an intent (the config is already deleted), the
-    VNIs to remove are `vnis` plus whatever VXLAN devices the node has."""
-    opts = options or RolloutOptions()
-    secrets = intent.secrets() if intent is not None else []
-    vnis = intent.vnis if intent is not None else tuple(vnis)
-    res = TeardownResult(node_ip=target.node_ip, fqdn=target.fqdn)
-    try:
-        async with open_session(target, connect_timeout=opts.connect_timeout, secrets=secrets) as s:
-            facts = parse_facts((await s.run(DISCOVER_SCRIPT, limit_s=opts.command_timeout)).stdout)
-            res.fqdn = res.fqdn or facts.hostname
-            if facts.frr_running:
-                await s.run(frr_action_command(FrrAction.STOP) or "true", limit_s=opts.command_timeout)
-                res.steps.append("frr_stopped")
-            present = [n for n in MANAGED_FILES if facts.files.get(n) is not None]
-            for name in present:
-                await s.run(write_file_command(name, None), limit_s=opts.command_timeout)
-            if present:
-                res.steps.append("frr_config_removed")
-            managed = tuple(sorted(set(vnis) | set(facts.vxlan_vnis())))
-            cmds = network_commands(facts, DesiredNetwork(vtep_ip=None, managed_vnis=managed))
-            if cmds:
-                await s.run("set -e\n" + "\n".join(cmds), limit_s=opts.command_timeout)
-                res.steps += [c.split()[3] + "_removed" for c in cmds if c.startswith("ip link del ")]
-        res.removed = True
-        res.message = "fabric removed from node" if res.steps else "nothing was configured"
-    except (NodeUnreachable, HostKeyChanged) as exc:
-        res.reachable = False
-        res.message = exc.message
-    except KariosError as exc:
-        res.message = redact(exc.message, secrets)
-    return res
-
-
-# -- post-deploy -------------------------------------------------------------------------
-
-
-async def postdeploy_node(
-    target: NodeTarget,
-    intent: FabricIntent,
-    *,
-    expected_vtep_ip: str | None = None,
-    options: RolloutOptions | None = None,
-) -> list[ChecklistStep]:
-    """The node's checklist; an unreachable node yields a single failed `ssh` step."""
-    from karios.fabric_worker.rollout.plan import StepStatus
-
-    opts = options or RolloutOptions()
-    try:
-        async with open_session(target, connect_timeout=opts.connect_timeout, secrets=intent.secrets()) as s:
-            facts = parse_facts((await s.run(DISCOVER_SCRIPT, limit_s=opts.command_timeout)).stdout)
-            summary = ""
-            if facts.frr_running:
-                summary = (
-                    await s.run(EVPN_SUMMARY_COMMAND, check=False, limit_s=opts.command_timeout)
-                ).stdout
-    except KariosError as exc:
-        return [ChecklistStep("ssh", StepStatus.FAILED, exc.message, 0)]
-    matches = find_underlay(facts, intent.underlay_cidr)
-    return postdeploy_checklist(
-        facts,
-        summary,
-        peer_ip=intent.peer_ip,
-        vnis=intent.vnis,
-        vxlan_mtu=intent.vxlan_mtu,
-        underlay_iface=matches[0].iface if matches else None,
-        expected_vtep_ip=expected_vtep_ip,
-    )

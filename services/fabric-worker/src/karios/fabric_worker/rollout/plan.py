@@ -190,6 +190,48 @@ def frr_action_command(action: FrrAction) -> str | None:
     return f"{FRRINIT} {action.value}"
 
 
+# -- interruptible steps -------------------------------------------------------------------
+# A cancel must bite within seconds whatever the node is doing (an FRR restart takes ~6 s). Every
+# changing command records its process group in a per-node file — in /run/frr (one per FRR
+# instance, so namespaces sharing /run never collide), or /run before FRR is installed — and
+# the rollback of an aborted node first kills that group, stops FRR (an interrupted restart
+# leaves daemons half up), then restores the baseline like after any other step.
+STEP_DIR = "/run/frr"
+STEP_PIDFILE = f"{STEP_DIR}/.karios-step.pid"
+STEP_PIDFILE_NO_FRR = "/run/.karios-step.pid"
+
+
+def step_command(command: str, *, killable: bool = True) -> str:
+    """`command` as an interruptible step (stdin passes through; exit status kept). A step
+    that is not `killable` (the package install: dpkg is never killed half-way) is waited for."""
+    pick = f"f={shlex.quote(STEP_PIDFILE)}; [ -d {STEP_DIR} ] || f={shlex.quote(STEP_PIDFILE_NO_FRR)}; "
+    how = "kill" if killable else "wait"
+    return (
+        pick + f'echo "$$ {how}" > "$f" && {{ sh -c {shlex.quote(command)}; rc=$?; rm -f "$f"; exit $rc; }}'
+    )
+
+
+INTERRUPT_STEP_SCRIPT = f"""\
+for f in {shlex.quote(STEP_PIDFILE)} {shlex.quote(STEP_PIDFILE_NO_FRR)}; do
+  set -- $(cat "$f" 2>/dev/null)
+  p=${{1:-}}; how=${{2:-kill}}
+  if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then
+    if [ "$how" = wait ]; then
+      while kill -0 "$p" 2>/dev/null; do sleep 0.5; done
+    else
+      kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
+      i=0; while kill -0 "$p" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+      kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null
+    fi
+    echo interrupted
+  fi
+  rm -f "$f"
+done
+"""
+# After an interrupted step: FRR is stopped whatever state it was left in (never fails).
+FRR_FORCE_STOP = f"{FRRINIT} stop >/dev/null 2>&1; true"
+
+
 INSTALL_FRR_SCRIPT = """\
 set -e
 export DEBIAN_FRONTEND=noninteractive
@@ -257,6 +299,12 @@ class ChecklistStep:
     progress: int
 
 
+def _step(step_id: str, ok: bool, good: str, bad: str, *, warn: bool = False) -> ChecklistStep:
+    if ok:
+        return ChecklistStep(step_id, StepStatus.PASSED, good, 100)
+    return ChecklistStep(step_id, StepStatus.WARNING if warn else StepStatus.FAILED, bad, 0)
+
+
 def postdeploy_checklist(
     facts: NodeFacts,
     evpn_summary_json: str,
@@ -268,74 +316,73 @@ def postdeploy_checklist(
     expected_vtep_ip: str | None = None,
 ) -> list[ChecklistStep]:
     """Five checks a user can act on; each passes or says why not."""
-
-    def step(step_id: str, ok: bool, good: str, bad: str, *, warn: bool = False) -> ChecklistStep:
-        if ok:
-            return ChecklistStep(step_id, StepStatus.PASSED, good, 100)
-        return ChecklistStep(step_id, StepStatus.WARNING if warn else StepStatus.FAILED, bad, 0)
-
-    steps = [
-        step(
-            "frr_installed",
-            facts.frr_installed and facts.frr_running,
-            "FRR installed and running",
-            "FRR not installed" if not facts.frr_installed else "FRR installed but not running",
-        )
+    installed = _step(
+        "frr_installed",
+        facts.frr_installed and facts.frr_running,
+        "FRR installed and running",
+        "FRR not installed" if not facts.frr_installed else "FRR installed but not running",
+    )
+    return [
+        installed,
+        _vtep_step(facts, expected_vtep_ip),
+        *_bgp_steps(evpn_summary_json, peer_ip, vnis),
+        _mtu_step(facts, vnis, vxlan_mtu, underlay_iface),
     ]
+
+
+def _vtep_step(facts: NodeFacts, expected_vtep_ip: str | None) -> ChecklistStep:
     vtep = facts.interfaces.get("vtep0")
     vtep_ok = vtep is not None and vtep.up and bool(vtep.ipv4)
     if vtep_ok and expected_vtep_ip and facts.vtep_ip != expected_vtep_ip:
-        steps.append(step("vtep0_up", False, "", f"vtep0 has {facts.vtep_ip}, expected {expected_vtep_ip}"))
-    else:
-        steps.append(
-            step(
-                "vtep0_up",
-                vtep_ok,
-                f"vtep0 up with {facts.vtep_ip}",
-                "vtep0 missing" if vtep is None else "vtep0 down or without address",
-            )
-        )
+        return _step("vtep0_up", False, "", f"vtep0 has {facts.vtep_ip}, expected {expected_vtep_ip}")
+    return _step(
+        "vtep0_up",
+        vtep_ok,
+        f"vtep0 up with {facts.vtep_ip}",
+        "vtep0 missing" if vtep is None else "vtep0 down or without address",
+    )
+
+
+def _bgp_steps(evpn_summary_json: str, peer_ip: str, vnis: tuple[int, ...]) -> list[ChecklistStep]:
     peer = parse_evpn_summary(evpn_summary_json, peer_ip)
     established = peer is not None and peer.state == "Established"
-    steps.append(
-        step(
+    routes = peer.pfx_rcd + peer.pfx_snt if peer else 0
+    return [
+        _step(
             "bgp_established",
             established,
             f"BGP EVPN session to {peer_ip} Established",
             verify_verdict(peer, peer_ip, False) or "",
-        )
-    )
-    routes = peer.pfx_rcd + peer.pfx_snt if peer else 0
-    steps.append(
-        step(
+        ),
+        _step(
             "evpn_routes",
             established and (routes > 0 or not vnis),
             f"EVPN routes exchanged ({peer.pfx_snt if peer else 0} sent, "
             f"{peer.pfx_rcd if peer else 0} received)",
             "no EVPN routes exchanged with the route reflector",
-        )
-    )
+        ),
+    ]
+
+
+def _mtu_step(
+    facts: NodeFacts, vnis: tuple[int, ...], vxlan_mtu: int, underlay_iface: str | None
+) -> ChecklistStep:
     under = facts.interfaces.get(underlay_iface or "")
     if under is None:
-        steps.append(step("mtu_consistent", False, "", "underlay interface not found"))
-    else:
-        want_overlay = overlay_mtu(vxlan_mtu, under.mtu)
-        bad_overlay = [
-            f"{n} {facts.interfaces[n].mtu}"
-            for v in vnis
-            for n in (f"vxlan{v}", f"br{v}")
-            if n in facts.interfaces and facts.interfaces[n].mtu != want_overlay
-        ]
-        if under.mtu < vxlan_mtu:
-            msg = f"underlay {under.name} MTU {under.mtu} is below the fabric vxlan_mtu {vxlan_mtu}"
-            steps.append(step("mtu_consistent", False, "", msg))
-        else:
-            steps.append(
-                step(
-                    "mtu_consistent",
-                    not bad_overlay,
-                    f"underlay MTU {under.mtu}, overlay MTU {want_overlay}",
-                    f"overlay MTU differs from {want_overlay}: {', '.join(bad_overlay)}",
-                )
-            )
-    return steps
+        return _step("mtu_consistent", False, "", "underlay interface not found")
+    want_overlay = overlay_mtu(vxlan_mtu, under.mtu)
+    bad_overlay = [
+        f"{n} {facts.interfaces[n].mtu}"
+        for v in vnis
+        for n in (f"vxlan{v}", f"br{v}")
+        if n in facts.interfaces and facts.interfaces[n].mtu != want_overlay
+    ]
+    if under.mtu < vxlan_mtu:
+        msg = f"underlay {under.name} MTU {under.mtu} is below the fabric vxlan_mtu {vxlan_mtu}"
+        return _step("mtu_consistent", False, "", msg)
+    return _step(
+        "mtu_consistent",
+        not bad_overlay,
+        f"underlay MTU {under.mtu}, overlay MTU {want_overlay}",
+        f"overlay MTU differs from {want_overlay}: {', '.join(bad_overlay)}",
+    )

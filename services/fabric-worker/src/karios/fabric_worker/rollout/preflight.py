@@ -12,16 +12,18 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
+from karios.common.contracts.fabric import PreflightBlocker, VtepPoolHeadroom
 from karios.common.errors import KariosError
+from karios.fabric_worker.rollout import judge
 from karios.fabric_worker.rollout.errors import HostKeyChanged
 from karios.fabric_worker.rollout.facts import DISCOVER_SCRIPT, NodeFacts, find_underlay, parse_facts
 from karios.fabric_worker.rollout.intent import (
     NodeOverride,
     NodeTarget,
     OverrideMode,
-    VtepPoolStatus,
     vtep_pool_status,
 )
+from karios.fabric_worker.rollout.judge import NodeSeen
 from karios.fabric_worker.rollout.render import HMAC_SHA_PROBE_CONF
 from karios.fabric_worker.rollout.ssh import open_session
 
@@ -54,9 +56,17 @@ class PreflightResult(BaseModel):
     node_overrides: list[NodeOverride]
     underlay_mtu: int
     mtu_drift: list[MtuDrift]
-    vtep_pool: VtepPoolStatus
+    vtep_pool: VtepPoolHeadroom
     ready: bool
     frr_hmac_sha_capable: bool | None  # None: no node could be probed
+    max_vxlan_mtu: int = 0
+    mtu_outliers: list[MtuDrift] = []
+    blockers: list[PreflightBlocker] = []
+
+
+def seen(nodes: Sequence[PreflightNode]) -> list[NodeSeen]:
+    """What the apply's judgement needs of each node (stored on the config row)."""
+    return [NodeSeen.model_validate(n.model_dump(include=set(NodeSeen.model_fields))) for n in nodes]
 
 
 def resolve_node(
@@ -105,7 +115,11 @@ def summarize(
     router_id_base: str,
     router_id_prefix_len: int,
     expected_nodes: int,
+    reserved: tuple[str, ...] = (),
+    vxlan_mtu: int = 0,
 ) -> PreflightResult:
+    """The seed's fields (consensus `underlay_mtu`, every pair in `mtu_drift`) plus the
+    judgement: outliers, the largest vxlan_mtu, and `blockers` for `vxlan_mtu` (0: not judged)."""
     reuse = [n for n in nodes if n.mode == "reuse"]
     mtus = Counter(n.bridge_mtu for n in reuse)
     if len(mtus) == 1:
@@ -116,6 +130,15 @@ def summarize(
             MtuDrift(node_ip=n.node_ip, fqdn=n.fqdn, bridge=n.bridge, bridge_mtu=n.bridge_mtu) for n in reuse
         ]
     probes = [n.hmac_sha_capable for n in nodes if n.hmac_sha_capable is not None]
+    pool = vtep_pool_status(router_id_base, router_id_prefix_len, expected_nodes or len(nodes), reserved)
+    judged = seen(nodes)
+    found = judge.blockers(
+        judged,
+        vxlan_mtu=vxlan_mtu,
+        capacity=pool.capacity,
+        needed=max(pool.expected_nodes, len(nodes)),
+        prefix_len=router_id_prefix_len,
+    )
     return PreflightResult(
         underlay_cidr=underlay_cidr,
         nodes=nodes,
@@ -123,9 +146,15 @@ def summarize(
         node_overrides=list(overrides),
         underlay_mtu=underlay_mtu,
         mtu_drift=drift,
-        vtep_pool=vtep_pool_status(router_id_base, router_id_prefix_len, expected_nodes or len(nodes)),
+        vtep_pool=pool,
         ready=bool(nodes) and all(n.mode == "reuse" for n in nodes),
         frr_hmac_sha_capable=all(probes) if probes else None,
+        max_vxlan_mtu=judge.max_vxlan_mtu(judged),
+        mtu_outliers=[
+            MtuDrift(node_ip=n.node_ip, fqdn=n.fqdn, bridge=n.bridge, bridge_mtu=n.bridge_mtu)
+            for n in judge.mtu_outliers(judged)
+        ],
+        blockers=found,
     )
 
 
@@ -173,8 +202,12 @@ async def preflight(
     expected_nodes: int = 0,
     concurrency: int = 16,
     per_node_timeout: float = 20.0,
+    reserved: tuple[str, ...] = (),
+    vxlan_mtu: int = 0,
 ) -> PreflightResult:
-    """Read-only fan-out over `nodes` (bounded by `concurrency`, each within `per_node_timeout`)."""
+    """Read-only fan-out over `nodes` (bounded by `concurrency`, each within `per_node_timeout`).
+    `reserved`: addresses of the VTEP pool never handed out (the switch's peering IP);
+    `vxlan_mtu`: the MTU the blockers are judged against (0: not judged)."""
     cidr = str(ipaddress.IPv4Network(underlay_cidr, strict=False))
     by_ip = {o.node_ip: o for o in node_overrides}
     sem = asyncio.Semaphore(max(1, concurrency))
@@ -191,4 +224,6 @@ async def preflight(
         router_id_base=router_id_base,
         router_id_prefix_len=router_id_prefix_len,
         expected_nodes=expected_nodes,
+        reserved=reserved,
+        vxlan_mtu=vxlan_mtu,
     )

@@ -51,12 +51,18 @@ def _env() -> jinja2.Environment:
     )
 
 
+def frr_log_path(template: str, hostname: str) -> str:
+    """The node's FRR log file: ``{hostname}`` in the setting becomes the node's hostname."""
+    return template.replace("{hostname}", hostname or "frr")
+
+
 def render_node_files(intent: FabricIntent, node: NodeRenderInput) -> RenderedFiles:
     """daemons, frr.conf and vtysh.conf for one node."""
     ctx = {
         "intent": intent,
         "ospf": intent.underlay is UnderlayProtocol.OSPF,
         "hostname": node.hostname,
+        "log_file": frr_log_path(intent.frr_log_file, node.hostname),
         "vtep_ip": node.vtep_ip,
         "underlay_iface": node.underlay_iface,
         "bgp_password": intent.bgp_password.get_secret_value() if intent.bgp_password else "",

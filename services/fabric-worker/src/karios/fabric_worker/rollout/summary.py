@@ -3,64 +3,24 @@
 from __future__ import annotations
 
 import datetime as dt
-from enum import StrEnum
 
-from pydantic import BaseModel, Field
+from karios.common.contracts.fabric import (
+    FabricJobNodeView,
+    FabricJobView,
+    JobStatus,
+    JobType,
+    RolloutStatus,
+)
 
+# The contract models are the worker's own job summary: no mirror to keep in step.
+JobSummary = FabricJobView
+JobNode = FabricJobNodeView
 
-class JobType(StrEnum):
-    APPLY = "fabric_apply"
-    TEARDOWN = "fabric_teardown"
-
-
-class JobStatus(StrEnum):
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    PARTIAL = "partial"
-    CANCELLED = "cancelled"
-
-
-class RolloutStatus(StrEnum):
-    PENDING = "pending"
-    ROLLING_OUT = "rolling_out"
-    READY = "ready"
-    FAILED = "failed"
-    DEGRADED = "degraded"
-
-
-class JobNode(BaseModel):
-    node_ip: str
-    fqdn: str = ""
-    ok: bool = False
-    reachable: bool = True
-    error: str = ""
-    changed: bool = False
-    rolled_back: bool = False
-    vtep_ip: str = ""
+__all__ = ["JobNode", "JobStatus", "JobSummary", "JobType", "RolloutStatus", "finalize", "record_node"]
 
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat()
-
-
-class JobSummary(BaseModel):
-    job_id: str
-    job_type: JobType
-    job_status: JobStatus = JobStatus.RUNNING
-    rollout_status: RolloutStatus = RolloutStatus.ROLLING_OUT
-    state: str = ""
-    progress: int = 0
-    strict: bool = False
-    total_nodes: int = 0
-    completed_nodes: int = 0
-    failed_nodes: int = 0
-    first_fail_node: str = ""
-    first_fail_error: str = ""
-    error: str = ""
-    nodes: list[JobNode] = Field(default_factory=list)
-    created_at: str = Field(default_factory=_now)
-    updated_at: str = Field(default_factory=_now)
 
 
 def record_node(summary: JobSummary, node: JobNode) -> JobSummary:
@@ -95,13 +55,37 @@ def finalize(summary: JobSummary, *, cancelled: bool, aborted_by_strict: bool) -
     else:
         status, rollout, error = JobStatus.FAILED, RolloutStatus.FAILED, "every node failed"
     if summary.job_type is JobType.TEARDOWN and status is JobStatus.COMPLETED:
-        rollout = RolloutStatus.PENDING
+        rollout = RolloutStatus.REMOVED  # not "pending": there is no configuration left to apply
     return summary.model_copy(
         update={
             "job_status": status,
             "rollout_status": rollout,
             "error": error,
             "progress": 100,
+            "updated_at": _now(),
+        }
+    )
+
+
+def finalize_interrupted(
+    summary: JobSummary, *, previous: str, back: list[str], stuck: list[str], cancelled: bool
+) -> JobSummary:
+    """Terminal status of a job whose replica died, once its touched nodes were rolled back
+    (`back`: node IPs; `stuck`: "ip: why" of those that could not be)."""
+    error = (
+        f"interrupted: the worker running this apply stopped ({previous or 'unknown'}); "
+        f"{len(back)} touched node(s) rolled back to baseline"
+    )
+    if stuck:
+        error += f", {len(stuck)} could not be: {'; '.join(stuck)}"
+    return summary.model_copy(
+        update={
+            "completed_nodes": sum(1 for n in summary.nodes if n.ok),
+            "failed_nodes": sum(1 for n in summary.nodes if not n.ok),
+            "job_status": JobStatus.CANCELLED if cancelled else JobStatus.FAILED,
+            "rollout_status": RolloutStatus.DEGRADED if stuck else RolloutStatus.FAILED,
+            "progress": 100,
+            "error": error,
             "updated_at": _now(),
         }
     )

@@ -295,7 +295,9 @@ class RedfishDriver:
             body["BootSourceOverrideMode"] = "UEFI"
         return {"Boot": body}
 
-    async def set_boot_cd_once(self) -> None:
+    async def set_boot_cd_once(self) -> str:
+        """Boot from the CD once; returns the ``BootSourceOverrideEnabled`` the BMC reads back
+        (a BMC answering ``Continuous`` when ``Once`` was sent ignores one-time overrides)."""
         sys_uri = await self.system_uri()
         system = await self.get(sys_uri)
         await self.request("PATCH", sys_uri, self.boot_body(system))
@@ -303,6 +305,7 @@ class RedfishDriver:
         if back.get("BootSourceOverrideTarget") != "Cd":
             got = back.get("BootSourceOverrideTarget")
             raise UpstreamError(f"BMC {self.ep.bmc_ip} reports boot target {got!r} after setting Cd")
+        return str(back.get("BootSourceOverrideEnabled") or "")
 
     async def clear_boot_override(self) -> None:
         sys_uri = await self.system_uri()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from karios.common.contracts.fabric import FabricConfigFields, FabricConfigInput
 from karios.common.errors import ValidationFailed
-from karios.fabric_worker.pool import VtepPool
+from karios.fabric_worker.config.pool import VtepPool
 
 EVPN_NOS = ("sonic", "cumulus", "nxos", "eos")
 KNOWN_NOS = ("", *EVPN_NOS, "other")

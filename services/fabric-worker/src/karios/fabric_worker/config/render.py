@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from karios.fabric_worker.pool import VtepPool
+from karios.fabric_worker.config.pool import VtepPool
 
 SWITCH_NOS = ("sonic", "cumulus", "nxos", "eos", "other")
 PEER_GROUP = "KARIOS-VTEPS"
@@ -42,7 +42,7 @@ VERIFY = {
 @cache
 def _env() -> Environment:
     return Environment(
-        loader=PackageLoader("karios.fabric_worker", "templates"),
+        loader=PackageLoader("karios.fabric_worker.config", "templates"),
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

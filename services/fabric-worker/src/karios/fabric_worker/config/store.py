@@ -27,9 +27,9 @@ from karios.common.contracts.fabric import (
 from karios.common.crypto import SecretBox
 from karios.common.errors import Conflict, NotFound, ValidationFailed
 from karios.common.telemetry import get_logger
-from karios.fabric_worker import ackgate, rules
+from karios.fabric_worker.config import ackgate, rules
+from karios.fabric_worker.config.pool import VtepPool
 from karios.fabric_worker.models import SINGLETON_ID, FabricConfigRow, SwitchAckAudit, VtepAllocationRow
-from karios.fabric_worker.pool import VtepPool
 
 log = get_logger(__name__)
 
@@ -77,14 +77,9 @@ def _secret_len(box: SecretBox, token: str | None, context: str) -> int:
     return len(box.decrypt(token, context=context)) if token else 0
 
 
-async def upsert(session: AsyncSession, req: UpsertFabricConfig, box: SecretBox) -> FabricConfigView:
-    """Merge, validate, pass the ack gate, then write config (+ audit, + pool cleanup) or nothing."""
-    await _lock(session)
-    row = await load(session, for_update=True)
-    stored = fields_of(row) if row is not None else None
+def _stored_secrets(req: UpsertFabricConfig, row: FabricConfigRow | None) -> tuple[str | None, str | None]:
+    """The (encrypted) BGP password and OSPF key the row keeps after this write."""
     inp = req.config
-    merged = rules.merge(stored, inp, set(req.fields_set))
-
     if inp.clear_bgp_password and req.bgp_password_enc:
         raise ValidationFailed(
             "clear_bgp_password: cannot clear and set bgp_password at once", field="clear_bgp_password"
@@ -101,6 +96,18 @@ async def upsert(session: AsyncSession, req: UpsertFabricConfig, box: SecretBox)
         if inp.clear_ospf_auth_key
         else (req.ospf_auth_key_enc or (row.ospf_auth_key_enc if row else None))
     )
+    return bgp_enc, ospf_enc
+
+
+async def upsert(session: AsyncSession, req: UpsertFabricConfig, box: SecretBox) -> FabricConfigView:
+    """Merge, validate, pass the ack gate, then write config (+ audit, + pool cleanup) or nothing."""
+    await _lock(session)
+    row = await load(session, for_update=True)
+    stored = fields_of(row) if row is not None else None
+    inp = req.config
+    merged = rules.merge(stored, inp, set(req.fields_set))
+
+    bgp_enc, ospf_enc = _stored_secrets(req, row)
     ctx = rules.RuleContext(
         frr_hmac_sha_capable=row.frr_hmac_sha_capable if row else None,
         underlay_mtu=row.underlay_mtu if row else 0,
@@ -130,17 +137,23 @@ async def upsert(session: AsyncSession, req: UpsertFabricConfig, box: SecretBox)
     row.bgp_password_enc, row.ospf_auth_key_enc = bgp_enc, ospf_enc
     if ack is not None:
         session.add(SwitchAckAudit(**asdict(ack), at=now))
-        released = await _release_outside(session, merged)
         log.info(
-            "vtep pool moved",
+            "switch listen range moved",
             old=ack.old_range,
             new=ack.new_range,
             acked_by=ack.acked_by,
             skipped=ack.skipped,
-            released=released,
         )
+    if stored is not None and _pool_of(stored) != _pool_of(merged):
+        # With a BGP underlay the switch does not change (no ack), but the nodes' VTEPs move.
+        released = await _release_outside(session, merged)
+        log.info("vtep pool moved", old=_pool_of(stored), new=_pool_of(merged), released=released)
     await session.flush()
     return view_of(row, created=created)
+
+
+def _pool_of(cfg: FabricConfigFields) -> str:
+    return rules.encode_router_id_cidr(cfg.router_id_base, cfg.router_id_prefix_len)
 
 
 async def _release_outside(session: AsyncSession, cfg: FabricConfigFields) -> int:

@@ -12,9 +12,9 @@ import json
 
 from karios.common.contracts.fabric import FabricConfigFields, FabricPlan, FabricPlanRequest, PlannedConfig
 from karios.common.errors import ValidationFailed
-from karios.fabric_worker import rules
-from karios.fabric_worker.pool import DEFAULT_BASE, VtepPool, auto_prefix
-from karios.fabric_worker.render import SWITCH_NOS, render_switch_config, switch_context
+from karios.fabric_worker.config import rules
+from karios.fabric_worker.config.pool import DEFAULT_BASE, VtepPool, auto_prefix
+from karios.fabric_worker.config.render import SWITCH_NOS, render_switch_config, switch_context
 
 DEFAULT_AS = 65000
 VNI_START = 10000
@@ -63,96 +63,20 @@ def _check_request(req: FabricPlanRequest) -> None:
 
 
 def plan_fabric(req: FabricPlanRequest) -> FabricPlan:
-    """Size the VTEP pool, fill in suggestions, list risks and notes, render the switch config."""
+    """Size the VTEP pool, fill in suggestions, list risks and notes, render the switch config.
+    The numbered steps are the algorithm of docs/fabric.md; notes and risks keep their order."""
     _check_request(req)
     notes: list[str] = []
     risks: list[str] = []
     nos = req.fabric_switch_nos.strip().lower()
     underlay = req.underlay_mode.strip().lower() or "ospf"
     mgmt = ipaddress.IPv4Network(req.management_cidr.strip(), strict=False)
-
-    # 1. VTEP pool: the operator's prefix verbatim, else the smallest pool with 25 % headroom.
-    base = req.router_id_base.strip() or DEFAULT_BASE
-    if req.router_id_prefix_len:
-        prefix = req.router_id_prefix_len
-        notes.append(f"VTEP pool prefix /{prefix} taken as given (not auto-sized)")
-    else:
-        prefix = auto_prefix(req.expected_nodes)
-        if req.expected_nodes:
-            notes.append(
-                f"VTEP pool auto-sized to /{prefix} for {req.expected_nodes} nodes plus 25% headroom"
-            )
-        else:
-            notes.append(f"expected_nodes unset: default VTEP pool /{prefix}")
-    if not rules.MIN_VTEP_PREFIX <= prefix <= rules.MAX_VTEP_PREFIX:
-        raise _fail(
-            "router_id_prefix_len", f"/{prefix} is outside /{rules.MIN_VTEP_PREFIX}../{rules.MAX_VTEP_PREFIX}"
-        )
-    pool_net = VtepPool.of(base, prefix).subnet
-
-    # 2. ASNs: one AS (iBGP) unless the operator gave two different ones.
-    local_as = req.local_as or req.fabric_switch_as or DEFAULT_AS
-    switch_as = req.fabric_switch_as or local_as
-    if not req.local_as:
-        notes.append(
-            f"local_as auto-picked: {local_as}" + (" (the switch's AS: iBGP)" if req.fabric_switch_as else "")
-        )
-    if not req.fabric_switch_as:
-        notes.append(f"fabric_switch_as suggested: {switch_as} (same AS as the nodes: iBGP)")
-    ibgp = switch_as == local_as
-
-    # 3. Switch peering address: its loopback at the top of the VTEP pool (OSPF underlay), or its
-    #    address on the management subnet, where the single iBGP session runs (BGP underlay).
-    peering_ip = req.fabric_switch_peering_ip.strip()
-    if not peering_ip:
-        peering_ip = _last_host(pool_net if underlay == "ospf" else mgmt)
-        where = (
-            "last usable VTEP pool address (switch loopback)"
-            if underlay == "ospf"
-            else ("last usable management address")
-        )
-        notes.append(f"fabric_switch_peering_ip suggested: {peering_ip} ({where})")
-    elif rules.parse_ipv4(peering_ip) is None:
-        raise _fail("fabric_switch_peering_ip", f"{peering_ip!r} is not an IPv4 address")
-    elif underlay == "bgp" and ipaddress.IPv4Address(peering_ip) not in mgmt:
-        risks.append(
-            f"underlay_mode bgp: the switch peering IP {peering_ip} is outside management_cidr {mgmt}; "
-            "the single iBGP session runs over the management subnet"
-        )
-    pool = VtepPool.of(base, prefix, reserved=[peering_ip])
-    capacity = pool.total_usable
-
-    # 4. Deployment mode: a cube is a handful of nodes behind one leaf; anything bigger is a DC.
-    mode = req.deployment_mode.strip().lower()
-    if not mode:
-        big = req.expected_nodes > CUBE_MAX_NODES or req.fabric_switch_role.strip().lower() in (
-            "spine",
-            "border-leaf",
-        )
-        mode = "dc" if big else "cube"
-        notes.append(
-            f"deployment_mode {mode} (auto: "
-            + (
-                f"more than {CUBE_MAX_NODES} nodes or a spine/border-leaf switch)"
-                if big
-                else f"at most {CUBE_MAX_NODES} nodes behind a leaf)"
-            )
-        )
-    if mode == "dc" and not req.public_mtu:
-        raise _fail("public_mtu", "required in DC mode (the virtual routers' public-side MTU)")
-
-    # 5. VNI range: room for one VNI per tenant network, at least 4096.
-    vni_count = MIN_VNI_COUNT
-    while vni_count < req.expected_vms:
-        vni_count *= 2
-    vni_end = VNI_START + vni_count - 1
-    notes.append(f"VNI range {VNI_START}-{vni_end}")
-    if req.expected_vms:
-        notes.append(
-            f"expected_vms {req.expected_vms}: tenant subnets are sized from it; "
-            f"{vni_count} VNIs leave one per network"
-        )
-
+    base, prefix = _pool_size(req, notes)  # 1
+    local_as, switch_as = _asns(req, notes)  # 2
+    peering_ip = _peering_ip(req, underlay, VtepPool.of(base, prefix).subnet, mgmt, notes, risks)  # 3
+    capacity = VtepPool.of(base, prefix, reserved=[peering_ip]).total_usable
+    mode = _deployment_mode(req, notes)  # 4
+    vni_end = _vni_end(req, notes)  # 5
     planned = PlannedConfig(
         as_=local_as,
         bfd_enabled=req.bfd_enabled,
@@ -178,11 +102,131 @@ def plan_fabric(req: FabricPlanRequest) -> FabricPlan:
         router_id_prefix_len=prefix,
         vxlan_mtu=req.vxlan_mtu,
     )
-    # The same rules as POST /fabric-config; secrets and preflight are assumed to come later.
+    _check_rules(planned, risks)
+    _sizing_risks(req, prefix, capacity, mode, risks)  # 6
+    _bgp_risks(req, planned, underlay, notes, risks)
+    plan = FabricPlan(
+        config=planned,
+        bgp_mode="ibgp" if planned.fabric_switch_as == planned.as_ else "ebgp",
+        underlay_mode=underlay,
+        deployment_mode=mode,
+        vtep_capacity=capacity,
+        vni_start=VNI_START,
+        vni_end=vni_end,
+        risks=risks,
+        notes=notes,
+        switch_config=render_switch_config(switch_context(planned, bgp_password_set=req.bgp_password_set)),
+    )
+    plan.plan_hash = plan_hash(plan)
+    return plan
+
+
+def _pool_size(req: FabricPlanRequest, notes: list[str]) -> tuple[str, int]:
+    """1. VTEP pool: the operator's prefix verbatim, else the smallest pool with 25 % headroom."""
+    base = req.router_id_base.strip() or DEFAULT_BASE
+    if req.router_id_prefix_len:
+        prefix = req.router_id_prefix_len
+        notes.append(f"VTEP pool prefix /{prefix} taken as given (not auto-sized)")
+    else:
+        prefix = auto_prefix(req.expected_nodes)
+        if req.expected_nodes:
+            notes.append(
+                f"VTEP pool auto-sized to /{prefix} for {req.expected_nodes} nodes plus 25% headroom"
+            )
+        else:
+            notes.append(f"expected_nodes unset: default VTEP pool /{prefix}")
+    if not rules.MIN_VTEP_PREFIX <= prefix <= rules.MAX_VTEP_PREFIX:
+        raise _fail(
+            "router_id_prefix_len", f"/{prefix} is outside /{rules.MIN_VTEP_PREFIX}../{rules.MAX_VTEP_PREFIX}"
+        )
+    return base, prefix
+
+
+def _asns(req: FabricPlanRequest, notes: list[str]) -> tuple[int, int]:
+    """2. ASNs: one AS (iBGP) unless the operator gave two different ones."""
+    local_as = req.local_as or req.fabric_switch_as or DEFAULT_AS
+    switch_as = req.fabric_switch_as or local_as
+    if not req.local_as:
+        notes.append(
+            f"local_as auto-picked: {local_as}" + (" (the switch's AS: iBGP)" if req.fabric_switch_as else "")
+        )
+    if not req.fabric_switch_as:
+        notes.append(f"fabric_switch_as suggested: {switch_as} (same AS as the nodes: iBGP)")
+    return local_as, switch_as
+
+
+def _peering_ip(
+    req: FabricPlanRequest,
+    underlay: str,
+    pool_net: ipaddress.IPv4Network,
+    mgmt: ipaddress.IPv4Network,
+    notes: list[str],
+    risks: list[str],
+) -> str:
+    """3. Switch peering address: its loopback at the top of the VTEP pool (OSPF underlay), or
+    its address on the management subnet, where the single iBGP session runs (BGP underlay)."""
+    peering_ip = req.fabric_switch_peering_ip.strip()
+    if not peering_ip:
+        peering_ip = _last_host(pool_net if underlay == "ospf" else mgmt)
+        where = (
+            "last usable VTEP pool address (switch loopback)"
+            if underlay == "ospf"
+            else ("last usable management address")
+        )
+        notes.append(f"fabric_switch_peering_ip suggested: {peering_ip} ({where})")
+    elif rules.parse_ipv4(peering_ip) is None:
+        raise _fail("fabric_switch_peering_ip", f"{peering_ip!r} is not an IPv4 address")
+    elif underlay == "bgp" and ipaddress.IPv4Address(peering_ip) not in mgmt:
+        risks.append(
+            f"underlay_mode bgp: the switch peering IP {peering_ip} is outside management_cidr {mgmt}; "
+            "the single iBGP session runs over the management subnet"
+        )
+    return peering_ip
+
+
+def _deployment_mode(req: FabricPlanRequest, notes: list[str]) -> str:
+    """4. Deployment mode: a cube is a handful of nodes behind one leaf; anything bigger is a DC."""
+    mode = req.deployment_mode.strip().lower()
+    if not mode:
+        big = req.expected_nodes > CUBE_MAX_NODES or req.fabric_switch_role.strip().lower() in (
+            "spine",
+            "border-leaf",
+        )
+        mode = "dc" if big else "cube"
+        notes.append(
+            f"deployment_mode {mode} (auto: "
+            + (
+                f"more than {CUBE_MAX_NODES} nodes or a spine/border-leaf switch)"
+                if big
+                else f"at most {CUBE_MAX_NODES} nodes behind a leaf)"
+            )
+        )
+    if mode == "dc" and not req.public_mtu:
+        raise _fail("public_mtu", "required in DC mode (the virtual routers' public-side MTU)")
+    return mode
+
+
+def _vni_end(req: FabricPlanRequest, notes: list[str]) -> int:
+    """5. VNI range: room for one VNI per tenant network, at least 4096."""
+    vni_count = MIN_VNI_COUNT
+    while vni_count < req.expected_vms:
+        vni_count *= 2
+    vni_end = VNI_START + vni_count - 1
+    notes.append(f"VNI range {VNI_START}-{vni_end}")
+    if req.expected_vms:
+        notes.append(
+            f"expected_vms {req.expected_vms}: tenant subnets are sized from it; "
+            f"{vni_count} VNIs leave one per network"
+        )
+    return vni_end
+
+
+def _check_rules(planned: PlannedConfig, risks: list[str]) -> None:
+    """The same rules as POST /fabric-config; secrets and preflight are assumed to come later."""
     as_fields = FabricConfigFields.model_validate(planned.model_dump(by_alias=True))
     ctx = rules.RuleContext(frr_hmac_sha_capable=True, ospf_auth_key_set=True)
     found = rules.violations(as_fields, ctx)
-    if nos == "other" and planned.external_route_reflector:
+    if planned.fabric_switch_nos == "other" and planned.external_route_reflector:
         # The vendor-neutral reference still shows a switch RR; committing it is refused (seed rule).
         found = [v for v in found if v.field != "fabric_switch_nos"]
         risks.append(
@@ -196,7 +240,9 @@ def plan_fabric(req: FabricPlanRequest) -> FabricPlan:
             "ospf_auth_type hmac-sha-256 is refused on commit until preflight proves FRR supports it"
         )
 
-    # 6. Risks an operator can act on.
+
+def _sizing_risks(req: FabricPlanRequest, prefix: int, capacity: int, mode: str, risks: list[str]) -> None:
+    """6. Risks an operator can act on: pool headroom and MTUs."""
     if req.expected_nodes:
         headroom = capacity - req.expected_nodes
         if headroom < 0:
@@ -221,7 +267,14 @@ def plan_fabric(req: FabricPlanRequest) -> FabricPlan:
             f"public_mtu {req.public_mtu} exceeds the tenant MTU {tenant_mtu}: large public packets "
             "will need fragmentation or PMTUD towards guests"
         )
-    if ibgp:
+
+
+def _bgp_risks(
+    req: FabricPlanRequest, planned: PlannedConfig, underlay: str, notes: list[str], risks: list[str]
+) -> None:
+    """6. (cont.) Route reflection and eBGP caveats; underlay and NOS notes."""
+    local_as, switch_as, peering_ip = planned.as_, planned.fabric_switch_as, planned.fabric_switch_peering_ip
+    if switch_as == local_as:
         where = (
             f"the fabric switch {planned.fabric_switch_name or peering_ip}"
             if req.external_route_reflector
@@ -252,23 +305,8 @@ def plan_fabric(req: FabricPlanRequest) -> FabricPlan:
             "underlay bgp: no OSPF; one iBGP session per node over the management subnet carries the "
             "IPv4 loopback /32s and EVPN"
         )
-    if nos == "other":
+    if planned.fabric_switch_nos == "other":
         notes.append("fabric_switch_nos other: the switch configuration is a vendor-neutral FRR reference")
-
-    plan = FabricPlan(
-        config=planned,
-        bgp_mode="ibgp" if ibgp else "ebgp",
-        underlay_mode=underlay,
-        deployment_mode=mode,
-        vtep_capacity=capacity,
-        vni_start=VNI_START,
-        vni_end=vni_end,
-        risks=risks,
-        notes=notes,
-        switch_config=render_switch_config(switch_context(planned, bgp_password_set=req.bgp_password_set)),
-    )
-    plan.plan_hash = plan_hash(plan)
-    return plan
 
 
 def plan_hash(plan: FabricPlan) -> str:

@@ -1,7 +1,10 @@
 """The switch re-configuration ack gate (pure).
 
-Moving the VTEP pool moves the range the fabric switch accepts BGP sessions from. Before the
-new pool is stored the operator must change the switch: the first POST answers 409
+A change that moves the BGP listen range of the fabric switch's configuration (the same
+:func:`switch_context` renders it) needs the switch changed first: the VTEP pool with an OSPF
+underlay, the management subnet with a BGP underlay, and nothing at all when the switch runs
+no BGP (the route reflector is the gateway node). Before such a change is stored the operator
+must change the switch: the first POST answers 409
 ``REQUIRES_SWITCH_RECONFIG_ACK`` with a per-NOS snippet and its sha256; the operator applies
 it, checks it, and re-POSTs with ``switch_acked``, that hash and ``acked_by``. A hash for an
 older or different change no longer matches. ``skip_switch_ack`` bypasses the gate for
@@ -14,8 +17,7 @@ from dataclasses import dataclass
 
 from karios.common.contracts.fabric import FabricConfigFields, FabricConfigInput, SwitchReconfigAckRequired
 from karios.common.errors import ValidationFailed
-from karios.fabric_worker.pool import VtepPool
-from karios.fabric_worker.render import SWITCH_NOS, listen_range_snippet
+from karios.fabric_worker.config.render import SWITCH_NOS, listen_range_snippet, switch_context
 
 ADMIN_ROLE = "fabric_admin"
 
@@ -35,9 +37,20 @@ class AckRecord:
 
 
 def listen_range(cfg: FabricConfigFields) -> str:
+    """The BGP listen range the switch configuration of `cfg` holds ("" when the switch runs no
+    BGP: the route reflector is the gateway node). Taken from the same :class:`SwitchContext`
+    that renders the switch configuration: the VTEP pool with an OSPF underlay (sessions come
+    from the loopbacks), the management subnet with a BGP underlay."""
     if not cfg.router_id_base or not cfg.router_id_prefix_len:
         return ""
-    return str(VtepPool.of(cfg.router_id_base, cfg.router_id_prefix_len).subnet)
+    ctx = switch_context(cfg)
+    return ctx.listen_range if ctx.switch_bgp else ""
+
+
+def _moved_field(stored: FabricConfigFields, merged: FabricConfigFields) -> str:
+    if merged.ospf_enabled:
+        return "router_id_base"
+    return "management_cidr" if stored.management_cidr != merged.management_cidr else "ospf_enabled"
 
 
 def evaluate(
@@ -52,9 +65,9 @@ def evaluate(
     if stored is None:
         return None
     old, new = listen_range(stored), listen_range(merged)
-    if not old or old == new:
-        return None
-    asn = merged.fabric_switch_as or merged.as_
+    if not old or not new or old == new:
+        return None  # nothing on the switch changes (or there is no listen range to move)
+    asn = stored.fabric_switch_as or stored.as_  # the `router bgp` the switch runs now
     snippets = {
         nos: listen_range_snippet(nos, asn=asn, node_as=merged.as_, old_range=old, new_range=new)
         for nos in SWITCH_NOS
@@ -90,9 +103,10 @@ def evaluate(
     why = ""
     if inp.skip_switch_ack:
         why = f" (skip_switch_ack needs role {ADMIN_ROLE}; caller has {caller_role})"
+    what = "VTEP pool" if merged.ospf_enabled else "management subnet"
     raise SwitchReconfigAckRequired(
-        f"the VTEP pool moves from {old} to {new}: change the BGP listen range on the fabric switch, "
-        f"then re-POST with switch_acked, switch_snippet_hash and acked_by{why}",
-        field="router_id_base",
+        f"the switch's BGP listen range (the {what}) moves from {old} to {new}: change it on the "
+        f"fabric switch, then re-POST with switch_acked, switch_snippet_hash and acked_by{why}",
+        field=_moved_field(stored, merged),
         details=details,
     )

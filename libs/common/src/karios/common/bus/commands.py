@@ -1,0 +1,78 @@
+"""Handling one command delivery: validate, run the handler, then ack / nak / dead-letter.
+
+The outcome → disposition mapping is :func:`karios.common.errors.bus_disposition` (the one
+place); a retry or a dead letter logs the redacted cause, never the exception's raw text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from faststream.nats import NatsMessage
+from nats.js.api import PubAck
+from opentelemetry import trace
+from pydantic import ValidationError
+
+from karios.common.bus.deadletter import dead_letter
+from karios.common.bus.envelope import Envelope, RawEnvelope
+from karios.common.contracts.base import Command, Event
+from karios.common.errors import Disposition, PermanentFailure, bus_disposition, describe_for_log
+from karios.common.telemetry import context_from_headers, get_logger
+
+if TYPE_CHECKING:
+    from karios.common.bus.runtime import Bus
+
+log = get_logger(__name__)
+
+
+@dataclass
+class HandlerContext:
+    """What a command handler gets beside its payload."""
+
+    bus: Bus
+    envelope: Envelope[Any]
+    message: NatsMessage
+    deliveries: int
+
+    async def in_progress(self) -> None:
+        """Tell the server we are still working (resets the ack timer)."""
+        await self.message.in_progress()
+
+    async def emit(self, event: Event, subject: str, entity: str = "") -> PubAck:
+        return await self.bus.publish_event(event, subject, cause=self.envelope, entity=entity)
+
+
+CommandHandler = Callable[[Any, HandlerContext], Awaitable[None]]
+
+
+async def consume_command(bus: Bus, msg: NatsMessage, model: type[Command], handler: CommandHandler) -> None:
+    """One delivery of a command: the handler's outcome decides ack, retry later, or dead letter."""
+    raw = msg.raw_message
+    deliveries = int(getattr(raw.metadata, "num_delivered", 1) or 1)
+    err: BaseException | None = None
+    env: Envelope[Any] | None = None
+    try:
+        raw_env = RawEnvelope.model_validate_json(raw.data)
+        payload = model.model_validate(raw_env.data)
+        env = Envelope[model].model_validate(raw_env.model_dump())  # type: ignore[valid-type]
+    except ValidationError as exc:
+        err = PermanentFailure(f"malformed command: {exc.errors()[0].get('msg', 'invalid')}")
+    if err is None:
+        assert env is not None
+        tracer = trace.get_tracer(f"karios.{bus.service}")
+        with tracer.start_as_current_span(f"handle {env.type}", context=context_from_headers(raw.headers)):
+            try:
+                await handler(payload, HandlerContext(bus, env, msg, deliveries))
+            except Exception as exc:
+                err = exc
+    disposition = bus_disposition(err, delivered=deliveries, max_deliver=bus.max_deliver)
+    if disposition is Disposition.ACK:
+        await raw.ack_sync()
+    elif disposition is Disposition.NAK:
+        log.warning("command retry", subject=raw.subject, deliveries=deliveries, cause=describe_for_log(err))
+        await raw.nak(delay=bus.retry_delay)
+    else:
+        await dead_letter(bus, raw, env, err, deliveries)
+        await raw.term()

@@ -1,0 +1,169 @@
+"""Provisioning rules, defined once: request validation, job states, callback bounds (pure).
+
+The gateway calls :func:`validate_provision` / :func:`validate_unprovision` before it answers 202
+and sends the *normalised* spec; the provisioner trusts it (it never re-checks a name). Every
+failure is :class:`ValidationFailed` naming the request field (the gateway answers 422).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+from karios.common.contracts.provision import ProvisionSpec, check_debian_version, check_pool, debian_suites
+from karios.common.errors import Conflict, ValidationFailed
+
+# BMC drivers the provisioner has (karios.provisioner.drivers.DRIVERS has exactly these keys).
+VENDORS: tuple[str, ...] = ("cisco", "dell", "generic", "hp", "hpe", "lenovo", "supermicro")
+INSTALL_METHODS: tuple[str, ...] = ("image", "preseed")
+
+# Job states (the provisioner's state machine checks it has exactly these terminal states).
+TERMINAL_STATES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+# Installer callbacks: what the server keeps of a report.
+MAX_MESSAGE = 1024  # bytes of an installer message
+MAX_LOG_LINES = 50
+MAX_LOG_LINE = 300  # characters per log line
+
+_HOSTNAME = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+_DISK = re.compile(r"^[A-Za-z0-9/_.:-]{1,200}$")
+_NIC = re.compile(r"^[A-Za-z0-9_.:-]{1,32}$")
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_MIRROR = re.compile(r"^[A-Za-z0-9.-]{1,253}(:\d{1,5})?$")
+_PCI_ID = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$")
+
+
+def normalize_disk(disk: str) -> str:
+    """``sda`` → ``/dev/sda``; 422 naming ``selected_disks`` for anything that is not a disk name."""
+    d = disk.strip()
+    if not _DISK.match(d) or ".." in d:
+        raise ValidationFailed(f"selected_disks: {disk!r} is not a disk name", field="selected_disks")
+    return d if d.startswith("/dev/") else f"/dev/{d}"
+
+
+def check_vendor(vendor: str, field: str = "vendor") -> str:
+    v = (vendor or "generic").strip().lower()
+    if v not in VENDORS:
+        raise ValidationFailed(f"{field}: {vendor!r} is not one of {', '.join(VENDORS)}", field=field)
+    return v
+
+
+def _check_url(value: str, field: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValidationFailed(f"{field}: expected an http(s):// URL, got {value!r}", field=field)
+    return value
+
+
+def _check_mirror(value: str) -> str:
+    """``host[:port][/dir]`` or an http URL → ``host[:port]/dir`` (the installer's mirror form)."""
+    v = value.strip()
+    if v.startswith(("http://", "https://")):
+        p = urlsplit(_check_url(v, "mirror"))
+        v = f"{p.netloc}{p.path}"
+    host, _, path = v.partition("/")
+    if not _MIRROR.match(host) or ".." in path or any(c in path for c in " '\"\\$`"):
+        raise ValidationFailed(f"mirror: {value!r} is not host[:port]/directory", field="mirror")
+    return f"{host}/{path.strip('/')}" if path.strip("/") else f"{host}/debian"
+
+
+def gpu_kernel_args(gpu: Any) -> list[str]:
+    """``gpu_passthrough`` → kernel arguments of the installed system (IOMMU on, vfio-pci ids).
+
+    Accepted forms: true/false, a list of ``vendor:device`` ids, or an object with ``enabled``
+    (default true), ``device_ids``/``ids`` and optional ``iommu`` ("intel"/"amd"/"both").
+    """
+    if gpu in (None, False, "", {}, []):
+        return []
+    ids: list[str] = []
+    iommu = "both"
+    if isinstance(gpu, list):
+        ids = [str(x) for x in gpu]
+    elif isinstance(gpu, dict):
+        if gpu.get("enabled") is False:
+            return []
+        ids = [str(x) for x in (gpu.get("device_ids") or gpu.get("ids") or [])]
+        iommu = str(gpu.get("iommu") or "both")
+    elif gpu is not True:
+        raise ValidationFailed(
+            "gpu_passthrough: expected true, a list of ids or an object", field="gpu_passthrough"
+        )
+    bad = next((i for i in ids if not _PCI_ID.match(i)), None)
+    if bad is not None:
+        raise ValidationFailed(
+            f"gpu_passthrough: {bad!r} is not a vendor:device PCI id", field="gpu_passthrough"
+        )
+    if iommu not in ("intel", "amd", "both"):
+        raise ValidationFailed("gpu_passthrough: iommu must be intel, amd or both", field="gpu_passthrough")
+    args = [a for a, on in (("intel_iommu=on", iommu != "amd"), ("amd_iommu=on", iommu != "intel")) if on]
+    args.append("iommu=pt")
+    if ids:
+        args.append("vfio-pci.ids=" + ",".join(i.lower() for i in ids))
+    return args
+
+
+def validate_provision(spec: ProvisionSpec) -> ProvisionSpec:
+    """The normalised spec, or :class:`ValidationFailed` naming the first bad field.
+
+    Checks: vendor (a known driver), hostname, os_username, NIC name, disk names (normalised to
+    ``/dev/…``, no duplicates), pool type against the disk count, Debian release (→ its major
+    number), arch, install method, mirror and HTTP proxy.
+    """
+    vendor = check_vendor(spec.vendor)
+    if spec.hostname and not _HOSTNAME.match(spec.hostname):
+        raise ValidationFailed("hostname: use lowercase letters, digits and '-' (max 63)", field="hostname")
+    if not _USER.match(spec.os_username or ""):
+        raise ValidationFailed("os_username: not a valid Linux user name", field="os_username")
+    nic = spec.selected_nic
+    if nic and nic != "auto" and not _NIC.match(nic):
+        raise ValidationFailed("selected_nic: not an interface name", field="selected_nic")
+    disks = [normalize_disk(d) for d in spec.selected_disks]
+    if len(set(disks)) != len(disks):
+        raise ValidationFailed("selected_disks: a disk is listed twice", field="selected_disks")
+    pool, _level = check_pool(spec.pool_type, disks)
+    suite = check_debian_version(spec.debian_version)
+    major = next(k for k, v in debian_suites().items() if v == suite and k.isdigit())
+    gpu_kernel_args(spec.gpu_passthrough)
+    if spec.arch != "amd64":
+        raise ValidationFailed("arch: only amd64 media are built", field="arch")
+    if spec.install_method is not None and spec.install_method not in INSTALL_METHODS:
+        raise ValidationFailed(
+            f"install_method: {spec.install_method!r} is not one of {', '.join(INSTALL_METHODS)}",
+            field="install_method",
+        )
+    return spec.model_copy(
+        update={
+            "vendor": vendor,
+            "selected_disks": disks,
+            "pool_type": pool,
+            "debian_version": major,
+            "mirror": _check_mirror(spec.mirror) if spec.mirror else "",
+            "http_proxy": _check_url(spec.http_proxy, "http_proxy") if spec.http_proxy else "",
+        }
+    )
+
+
+def validate_unprovision(spec: ProvisionSpec) -> ProvisionSpec:
+    """An unprovision names only the BMC and its vendor (the wipe erases every disk)."""
+    return spec.model_copy(update={"vendor": check_vendor(spec.vendor)})
+
+
+def refuse_second_job(bmc_ip: str, running_job_id: str | None) -> None:
+    """The one rule "one running job per BMC": 409 naming the running job."""
+    if running_job_id:
+        raise Conflict(
+            f"BMC {bmc_ip} already has running job {running_job_id}; cancel it first",
+            details={"job_id": running_job_id},
+        )
+
+
+def bound_message(message: str | None) -> str:
+    """An installer message cut to :data:`MAX_MESSAGE` bytes (on a character boundary)."""
+    raw = (message or "").strip().encode()[:MAX_MESSAGE]
+    return raw.decode(errors="ignore")
+
+
+def bound_log(lines: list[str] | None) -> list[str]:
+    """The last :data:`MAX_LOG_LINES` lines, each cut to :data:`MAX_LOG_LINE` characters."""
+    return [str(line).rstrip("\r\n")[:MAX_LOG_LINE] for line in (lines or [])[-MAX_LOG_LINES:]]

@@ -1,0 +1,288 @@
+"""PostgreSQL side of the rollout: job rows and their leases, encrypted node baselines,
+first-seen host keys, and the rollout fields of the config row. SQL and leases, nothing else:
+every method is one transaction. VTEP addresses go through :mod:`karios.fabric_worker.config.store`
+(one pool, one lock).
+
+Jobs across replicas (migration 0003): the job row is the source of truth. A running row has a
+lease (``owner`` + ``heartbeat_at``, compared with the database clock); a partial unique index
+lets only one job run at a time (:class:`Conflict` here); ``cancel_requested`` is the durable half
+of a cancel; each node's baseline is kept encrypted in ``node_baselines`` until the job ends. A
+queued job (written by the request that answered 202) has no owner until a replica claims it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import select
+
+from karios.common.contracts.fabric import DeleteResult, FabricJobView, PreflightOverride
+from karios.common.errors import Conflict, NotFound
+from karios.fabric_worker.config import store
+from karios.fabric_worker.models import (
+    FabricConfigRow,
+    FabricJobRow,
+    NodeBaselineRow,
+    NodeHostKeyRow,
+    VtepAllocationRow,
+)
+from karios.fabric_worker.rollout.summary import JobSummary, JobType
+
+RUNNING = "running"
+Row = FabricJobRow
+
+
+def _data(summary: JobSummary) -> dict:
+    return summary.model_dump(mode="json")
+
+
+def _stale(lease_s: float) -> sa.ColumnElement[bool]:
+    cutoff = sa.func.now() - sa.func.make_interval(0, 0, 0, 0, 0, 0, lease_s)
+    return sa.or_(Row.heartbeat_at.is_(None), Row.heartbeat_at < cutoff)  # type: ignore[union-attr,operator]
+
+
+def _held(job_id: str, owner: str) -> tuple[Any, ...]:
+    return (Row.job_id == job_id, Row.owner == owner, Row.job_status == RUNNING)
+
+
+class RolloutRepository:
+    """One per worker process; ``owner`` is this replica's lease identity."""
+
+    def __init__(self, db: Any, owner: str) -> None:
+        self.db, self.owner = db, owner
+
+    async def _exec(self, stmt: Any) -> Any:
+        async with self.db.session() as s, s.begin():
+            return await (await s.connection()).execute(stmt)
+
+    # -- the config row ----------------------------------------------------------------------
+
+    async def config(self) -> FabricConfigRow:
+        async with self.db.session() as s:
+            row = await store.load(s)
+        if row is None:
+            raise NotFound("no fabric configuration is stored")
+        return row
+
+    async def config_or_none(self) -> FabricConfigRow | None:
+        async with self.db.session() as s:
+            return await store.load(s)
+
+    async def set_rollout_status(self, status: str) -> None:
+        async with self.db.session() as s, s.begin():
+            row = await store.load(s, for_update=True)
+            if row is not None:  # deleted meanwhile: nothing to mark
+                row.rollout_status = status
+                s.add(row)
+
+    async def store_preflight(
+        self,
+        *,
+        underlay_cidr: str,
+        underlay_mtu: int,
+        hmac_sha_capable: bool | None,
+        overrides: list,
+        nodes: list[dict] | None = None,
+    ) -> None:
+        """Keep what preflight learned on the config row (the MTU/HMAC rules read it on the next POST)."""
+        async with self.db.session() as s, s.begin():
+            row = await store.load(s, for_update=True)
+            if row is None:
+                return
+            row.underlay_cidr, row.underlay_mtu = underlay_cidr, underlay_mtu
+            if hmac_sha_capable is not None:  # no node probed: keep what an earlier preflight found
+                row.frr_hmac_sha_capable = hmac_sha_capable
+            row.node_overrides = [PreflightOverride(**o.model_dump()).model_dump() for o in overrides]
+            if nodes is not None:
+                row.preflight_nodes = nodes
+            s.add(row)
+
+    # -- VTEP addresses and host keys ----------------------------------------------------------
+
+    async def allocations(self) -> dict[str, str]:
+        async with self.db.session() as s:
+            return {r.node_ip: r.vtep_ip for r in (await s.exec(select(VtepAllocationRow))).all()}
+
+    async def allocate(self, node_ips: list[str]) -> dict[str, str]:
+        out = {}
+        for ip in node_ips:  # one transaction each: the pool lock is held briefly
+            async with self.db.session() as s, s.begin():
+                out[ip] = (await store.allocate(s, ip)).vtep_ip
+        return out
+
+    async def release_vtep(self, node_ip: str) -> None:
+        async with self.db.session() as s, s.begin():
+            with contextlib.suppress(NotFound):
+                await store.release(s, node_ip)
+
+    async def host_keys(self) -> dict[str, str]:
+        async with self.db.session() as s:
+            return {r.node_ip: r.host_key for r in (await s.exec(select(NodeHostKeyRow))).all()}
+
+    async def remember_host_keys(self, keys: dict[str, str]) -> int:
+        """Store first-seen keys; a node that already has one keeps it (a change is never accepted here)."""
+        if not keys:
+            return 0
+        now = datetime.now(UTC)
+        values = [{"node_ip": ip, "host_key": k, "first_seen_at": now} for ip, k in keys.items()]
+        stmt = pg_insert(NodeHostKeyRow.__table__).values(values)  # type: ignore[attr-defined]
+        res = await self._exec(stmt.on_conflict_do_nothing(index_elements=["node_ip"]))
+        return res.rowcount or 0
+
+    # -- job rows ------------------------------------------------------------------------------
+
+    async def latest_job(self) -> FabricJobView | None:
+        async with self.db.session() as s:
+            q = select(Row).order_by(Row.seq.desc()).limit(1)  # type: ignore[union-attr]
+            row = (await s.exec(q)).first()
+        return FabricJobView.model_validate(row.summary) if row is not None else None
+
+    async def get_row(self, job_id: str) -> FabricJobRow | None:
+        async with self.db.session() as s:
+            q = select(Row).where(Row.job_id == job_id).execution_options(populate_existing=True)
+            return (await s.exec(q)).first()
+
+    async def check_idle(self) -> None:
+        """409 while any replica runs (or has queued) an apply/teardown."""
+        async with self.db.session() as s:
+            row = (await s.exec(select(Row).where(Row.job_status == RUNNING))).first()
+        if row is not None:
+            what = "apply" if row.job_type == JobType.APPLY else "teardown"
+            raise Conflict(f"fabric {what} {row.job_id} is still running", field="apply_job_id")
+
+    async def save_job(self, summary: JobSummary) -> None:
+        """Insert or update a job row that holds no lease (a job that failed before it ran)."""
+        now = datetime.now(UTC)
+        stmt = pg_insert(Row.__table__).values(  # type: ignore[attr-defined]
+            job_id=summary.job_id,
+            job_type=str(summary.job_type),
+            job_status=str(summary.job_status),
+            summary=_data(summary),
+            created_at=now,
+            updated_at=now,
+        )
+        set_ = {"job_status": stmt.excluded.job_status, "summary": stmt.excluded.summary, "updated_at": now}
+        await self._exec(stmt.on_conflict_do_update(index_elements=["job_id"], set_=set_))
+
+    def _insert(self, summary: JobSummary, owner: str, request: dict) -> Any:
+        now = datetime.now(UTC)
+        return pg_insert(Row.__table__).values(  # type: ignore[attr-defined]
+            job_id=summary.job_id,
+            job_type=str(summary.job_type),
+            job_status=RUNNING,
+            summary=_data(summary),
+            created_at=now,
+            updated_at=now,
+            owner=owner,
+            heartbeat_at=sa.func.now(),
+            cancel_requested=False,
+            request=request,
+        )
+
+    async def queue_job(self, summary: JobSummary, request: dict) -> None:
+        """Write the job as queued (running, no owner yet): the partial unique index makes a
+        second running job a 409."""
+        try:
+            await self._exec(self._insert(summary, "", request))
+        except IntegrityError:
+            await self.check_idle()
+            raise Conflict("another fabric job is running") from None
+
+    async def delete_config_and_queue(
+        self, summary: JobSummary, request: dict, registered: set[str] | None
+    ) -> tuple[DeleteResult, dict[str, str]]:
+        """Delete the config (404 when none) and, when VTEPs of still-registered nodes are
+        allocated, queue their teardown in the same transaction."""
+        try:
+            async with self.db.session() as s, s.begin():
+                rows = (await s.exec(select(VtepAllocationRow))).all()
+                allocated = {
+                    r.node_ip: r.vtep_ip for r in rows if registered is None or r.node_ip in registered
+                }
+                result = await store.delete(s)
+                if allocated:
+                    summary = summary.model_copy(update={"total_nodes": len(allocated)})
+                    request = request | {"node_ips": sorted(allocated)}
+                    await (await s.connection()).execute(self._insert(summary, "", request))
+        except IntegrityError:
+            await self.check_idle()
+            raise Conflict("another fabric job is running") from None
+        return result, allocated
+
+    async def claim(self, job_id: str, lease_s: float) -> FabricJobRow | None:
+        """Take a queued job (no owner yet) or one whose lease expired. Atomic: of several
+        replicas trying at once exactly one gets the row."""
+        stmt = (
+            sa.update(Row)
+            .where(Row.job_id == job_id, Row.job_status == RUNNING, sa.or_(Row.owner == "", _stale(lease_s)))  # type: ignore[arg-type]
+            .values(owner=self.owner, heartbeat_at=sa.func.now())
+            .returning(Row.job_id)  # type: ignore[arg-type]
+        )
+        if (await self._exec(stmt)).scalar_one_or_none() is None:
+            return None
+        return await self.get_row(job_id)
+
+    async def requeue(self, job_id: str) -> None:
+        """Give a claimed job back (its command is redelivered): owner cleared, lease fresh."""
+        with contextlib.suppress(Exception):
+            stmt = (
+                sa.update(Row).where(*_held(job_id, self.owner)).values(owner="", heartbeat_at=sa.func.now())
+            )
+            await self._exec(stmt)
+
+    async def heartbeat(self, job_id: str, summary: JobSummary | None = None) -> bool | None:
+        """Renew this replica's lease (and store the current summary). Returns the job's
+        ``cancel_requested``, or None when the lease is lost (job ended or taken over)."""
+        values: dict = {"heartbeat_at": sa.func.now()}
+        if summary is not None:
+            values |= {"summary": _data(summary), "updated_at": datetime.now(UTC)}
+        stmt = sa.update(Row).where(*_held(job_id, self.owner)).values(**values)
+        res = await self._exec(stmt.returning(Row.cancel_requested))  # type: ignore[arg-type]
+        return res.scalar_one_or_none()
+
+    async def finish(self, summary: JobSummary) -> bool:
+        """Store the terminal summary if this replica still holds the job (False: lease lost);
+        its baselines go."""
+        async with self.db.session() as s, s.begin():
+            conn = await s.connection()
+            stmt = sa.update(Row).where(*_held(summary.job_id, self.owner))
+            values = {"job_status": str(summary.job_status), "summary": _data(summary)}
+            res = await conn.execute(stmt.values(**values, updated_at=datetime.now(UTC)))
+            await conn.execute(sa.delete(NodeBaselineRow).where(NodeBaselineRow.job_id == summary.job_id))  # type: ignore[arg-type]
+        return bool(res.rowcount)
+
+    async def release(self, job_id: str) -> None:
+        """Graceful stop: drop the heartbeat so a peer takes the job over at once."""
+        with contextlib.suppress(Exception):
+            await self._exec(sa.update(Row).where(*_held(job_id, self.owner)).values(heartbeat_at=None))
+
+    async def stale_jobs(self, lease_s: float) -> list[str]:
+        """Running jobs nobody holds: their replica died (or stopped), or nobody picked them up."""
+        async with self.db.session() as s:
+            return list(
+                (await s.exec(select(Row.job_id).where(Row.job_status == RUNNING, _stale(lease_s)))).all()
+            )
+
+    async def request_cancel(self, job_id: str) -> bool:
+        """Mark the running apply ``job_id`` cancelled (idempotent); False when it is not running."""
+        where = (Row.job_id == job_id, Row.job_type == str(JobType.APPLY), Row.job_status == RUNNING)
+        res = await self._exec(sa.update(Row).where(*where).values(cancel_requested=True))  # type: ignore[arg-type]
+        return bool(res.rowcount)
+
+    # -- node baselines (SecretBox ciphertext: their frr.conf holds the BGP password) -----------
+
+    async def keep_baseline(self, job_id: str, node_ip: str, baseline_enc: str) -> None:
+        stmt = pg_insert(NodeBaselineRow.__table__).values(  # type: ignore[attr-defined]
+            job_id=job_id, node_ip=node_ip, baseline_enc=baseline_enc, recorded_at=datetime.now(UTC)
+        )
+        await self._exec(stmt.on_conflict_do_nothing(index_elements=["job_id", "node_ip"]))  # first = real
+
+    async def baselines(self, job_id: str) -> dict[str, str]:
+        async with self.db.session() as s:
+            rows = (await s.exec(select(NodeBaselineRow).where(NodeBaselineRow.job_id == job_id))).all()
+        return {r.node_ip: r.baseline_enc for r in rows}

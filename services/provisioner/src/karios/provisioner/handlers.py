@@ -1,0 +1,41 @@
+"""Thin bus handlers: each takes its typed contract and calls one use case of the job service."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from karios.common.bus.runtime import Bus
+from karios.common.contracts.provision import (
+    CallbackRequest,
+    CancelJob,
+    JobView,
+    QueueEntry,
+    QueueQuery,
+    StartProvision,
+)
+
+
+class UseCases(Protocol):
+    async def handle_start(self, cmd: StartProvision) -> None: ...
+    async def step(self, req: CallbackRequest) -> JobView: ...
+    async def complete(self, req: CallbackRequest) -> JobView: ...
+    async def firstboot(self, req: CallbackRequest) -> JobView: ...
+    async def cancel(self, req: CancelJob) -> JobView: ...
+    async def queue(self) -> list[QueueEntry]: ...
+
+
+def wire(bus: Bus, svc: UseCases) -> None:
+    subjects = bus.subjects
+
+    async def on_start(cmd: StartProvision, _ctx: Any) -> None:
+        await svc.handle_start(cmd)
+
+    async def on_queue(_q: QueueQuery) -> list[QueueEntry]:
+        return await svc.queue()
+
+    bus.command_handler("provision", StartProvision, on_start, verb="start", concurrency=8)
+    bus.query_responder(subjects.request("provision", "step"), CallbackRequest, svc.step)
+    bus.query_responder(subjects.request("provision", "complete"), CallbackRequest, svc.complete)
+    bus.query_responder(subjects.request("provision", "firstboot"), CallbackRequest, svc.firstboot)
+    bus.query_responder(subjects.request("provision", "cancel"), CancelJob, svc.cancel)
+    bus.query_responder(subjects.query("provision", "queue"), QueueQuery, on_queue)

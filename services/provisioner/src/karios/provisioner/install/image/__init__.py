@@ -1,0 +1,135 @@
+"""The image-based install: the live environment writes a prebuilt Debian root filesystem.
+
+The method Ironic's agent and Tinkerbell's image2disk use: no installer, no udebs. The live
+environment (``install.live``) boots from the per-host medium, runs ``install.sh`` (rendered
+here from ``templates/install.sh.j2``) which partitions the selected disks per pool, streams
+``root.tar.zst`` from ``ctx.image_url`` onto them, configures the host, installs GRUB for BIOS
+and UEFI, reports every stage of :data:`INSTALL_STAGES` and reboots into the installed system,
+whose first boot calls back (``templates/firstboot.*.j2`` of the provisioner).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import replace
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from karios.common.errors import PermanentFailure
+from karios.provisioner.install import INSTALL_STAGES, HostContext, Medium, Stage
+from karios.provisioner.install.live import (
+    ImageSettings,
+    as_list,
+    dev_paths,
+    live_images_for,
+    net_env,
+    script_environment,
+)
+
+_SCRIPTS = script_environment("karios.provisioner.install.image")
+_PROVISIONER = Environment(
+    loader=PackageLoader("karios.provisioner", "templates"),
+    undefined=StrictUndefined,
+    keep_trailing_newline=True,
+    autoescape=False,  # noqa: S701 - shell and unit files, never HTML
+)
+LIVE_KERNEL_ARGS = ["rdinit=/init", "panic=30"]
+
+
+def serial_grub(serial_console: str) -> tuple[str, str]:
+    """``ttyS1,115200n8`` → (GRUB serial unit "1", speed "115200")."""
+    dev, _, opts = serial_console.partition(",")
+    unit = dev.removeprefix("ttyS") if dev.startswith("ttyS") and dev[4:].isdigit() else "0"
+    speed = "".join(c for c in opts.split("n")[0] if c.isdigit()) or "115200"
+    return unit, speed
+
+
+def installed_cmdline(ctx: HostContext) -> str:
+    """The installed system's kernel line: consoles (VGA + serial) and the requested arguments."""
+    consoles = ["console=tty0", f"console={ctx.serial_console}"] if ctx.serial_console else []
+    return " ".join([*consoles, *ctx.kernel_args])
+
+
+def network_unit(ctx: HostContext) -> str:
+    """systemd-networkd unit of the installed system: DHCP, or the static address."""
+    match = f"MACAddress={ctx.nic_mac.lower()}" if ctx.nic_mac else "Name=en* eth*"
+    lines = ["[Match]", match, "", "[Network]"]
+    st = ctx.static or {}
+    if st.get("address"):
+        iface = ipaddress.ip_interface(f"{st['address']}/{st.get('netmask') or st.get('prefix') or 24}")
+        lines.append(f"Address={iface.with_prefixlen}")
+        if st.get("gateway"):
+            lines.append(f"Gateway={st['gateway']}")
+    else:
+        lines.append("DHCP=ipv4")
+    for ns in ctx.nameservers or as_list(st.get("nameservers")):
+        lines.append(f"DNS={ns}")
+    return "\n".join(lines) + "\n"
+
+
+def stage_percents(stages: tuple[Stage, ...]) -> dict[str, int]:
+    return {s.key: s.percent for s in stages}
+
+
+class ImageMethod:
+    """:class:`~karios.provisioner.install.InstallMethod` ``image``."""
+
+    name = "image"
+    stages = INSTALL_STAGES
+
+    def __init__(self, cfg: Any, settings: ImageSettings | None = None) -> None:
+        self.settings = settings or ImageSettings()
+        self.images = live_images_for(cfg, self.settings)
+
+    def tools_missing(self) -> list[str]:
+        return self.images.tools_missing()
+
+    def prepare(self, major: str, suite: str) -> None:
+        self.images.build(suite)
+
+    def image_path(self, suite: str) -> str:
+        """The root archive's path under ``images_dir`` (what ``GET /images/{path}`` serves)."""
+        return f"{suite}/root.tar.zst"
+
+    def render_install_script(self, ctx: HostContext) -> str:
+        """``install.sh`` for one host (pure)."""
+        if not ctx.image_url:
+            raise PermanentFailure("image_url: the image method needs the root filesystem URL")
+        unit, speed = serial_grub(ctx.serial_console or "ttyS0,115200n8")
+        data = {
+            **vars(ctx),
+            "md_level": "" if ctx.md_level is None else str(ctx.md_level),
+            "disks": dev_paths(ctx.disks),
+            "nameservers": ctx.nameservers or as_list((ctx.static or {}).get("nameservers")),
+        }
+        return _SCRIPTS.get_template("install.sh.j2").render(
+            **data,
+            stages=stage_percents(self.stages),
+            cmdline=installed_cmdline(ctx),
+            serial_unit=unit,
+            serial_speed=speed,
+            network_unit=network_unit(ctx),
+        )
+
+    def medium(self, ctx: HostContext) -> Medium:
+        if self.settings.url:  # targets reach the provisioner at another address than BMCs
+            ctx = replace(
+                ctx, image_url=f"{self.settings.url.rstrip('/')}/images/{self.image_path(ctx.suite)}"
+            )
+        art = self.images.artifacts(ctx.suite)
+        if not self.images.ready(ctx.suite):
+            raise PermanentFailure(f"image: artifacts for {ctx.suite} not built under {art.kernel.parent}")
+        overlay = {
+            "karios/run.sh": self.render_install_script(ctx),
+            "karios/net.env": net_env(ctx.nic_mac, ctx.static, ctx.nameservers),
+            "karios/firstboot.sh": _PROVISIONER.get_template("firstboot.sh.j2").render(h=ctx),
+            "karios/firstboot.service": _PROVISIONER.get_template("firstboot.service.j2").render(h=ctx),
+        }
+        return Medium(
+            kernel=art.kernel,
+            initrd=art.initrd,
+            overlay=overlay,
+            kernel_args=list(LIVE_KERNEL_ARGS),
+            label=f"Karios image install {ctx.hostname}",
+        )

@@ -1,0 +1,298 @@
+"""The live environment and the root filesystem archive, built once per Debian release.
+
+Both come from regular Debian packages (``mmdebstrap``), so they need nothing from the
+installer's udebs:
+
+- ``root.tar.zst``: the installed system (kernel, GRUB for BIOS and UEFI, mdadm, OpenSSH …),
+  streamed onto the target disks by the image method;
+- ``vmlinuz`` + ``live.img``: a small initramfs (busybox, partitioning and RAID tools, the
+  dependency closure of common disk/NIC drivers) whose ``/init`` brings the network up and
+  runs the per-host script appended to it (``/karios/run.sh``).
+
+Everything lands in ``<images_dir>/<suite>/`` atomically: each artifact is built in a temp dir
+beside it and renamed into place, so a reader sees a complete file or none, and a crashed
+build leaves only a temp dir behind.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jinja2 import ChoiceLoader, Environment, PackageLoader, StrictUndefined
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from karios.common.errors import PermanentFailure
+
+ROOT_PACKAGES = (
+    "linux-image-amd64,systemd-sysv,udev,grub-pc-bin,grub-efi-amd64-bin,grub2-common,mdadm,"
+    "openssh-server,ifupdown,isc-dhcp-client,e2fsprogs,dosfstools,iproute2,ca-certificates,curl,"
+    "wget,kmod,zstd,sudo,locales,initramfs-tools"
+)
+# tiny-initramfs satisfies the kernel's initramfs-tool dependency without initramfs-tools
+# building an initrd the live tree never uses (a minute of the build).
+LIVE_PACKAGES = (
+    "linux-image-amd64,tiny-initramfs,busybox,fdisk,gdisk,e2fsprogs,dosfstools,mdadm,util-linux,zstd,curl,"
+    "ca-certificates,kmod,iproute2"
+)
+# Disk, NIC and filesystem drivers of the live environment; their dependencies come along.
+# Names missing from a kernel package (built in, or not built) are skipped.
+_LIVE_MODULE_NAMES = (
+    "virtio_pci virtio_blk virtio_scsi virtio_net ahci ata_piix sd_mod sr_mod nvme "
+    "mpt3sas megaraid_sas smartpqi aacraid hpsa "
+    "e1000e e1000 igb ixgbe i40e ice bnxt_en tg3 "
+    "ext4 vfat nls_cp437 nls_ascii nls_iso8859_1 isofs md_mod linear raid0 raid1 raid10 raid456 "
+    "crc32c_generic efivarfs"
+)
+LIVE_MODULES = _LIVE_MODULE_NAMES.split()
+# Trimmed from the live tree: documentation and data nothing in it reads.
+LIVE_PRUNE = (
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/locale",
+    "usr/share/info",
+    "var/cache/apt",
+    "var/lib/apt/lists",
+    "boot/initrd.img*",
+)
+
+_ENV = Environment(
+    loader=PackageLoader("karios.provisioner.install.live", "templates"),
+    undefined=StrictUndefined,
+    keep_trailing_newline=True,
+    autoescape=False,  # noqa: S701 - shell scripts, never HTML
+)
+
+
+def render_init(modules: list[str]) -> str:
+    """The live environment's ``/init`` (pure)."""
+    return _ENV.get_template("init.j2").render(modules=modules)
+
+
+def _sh_quote(value: object) -> str:
+    return shlex.quote("" if value is None else str(value))
+
+
+def script_environment(package: str) -> Environment:
+    """Jinja2 for a method's per-host scripts: its own templates plus the shared
+    ``callbacks.sh.j2``; ``| sh`` quotes a value for the shell."""
+    env = Environment(
+        loader=ChoiceLoader([PackageLoader(package, "templates"), _ENV.loader]),  # type: ignore[list-item]
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # noqa: S701 - shell scripts, never HTML
+    )
+    env.filters["sh"] = _sh_quote
+    return env
+
+
+def as_list(value: Any) -> list[str]:
+    """A list of strings from a list, a comma/space separated string or None."""
+    if not value:
+        return []
+    if isinstance(value, str):
+        return value.replace(",", " ").split()
+    return [str(v) for v in value]
+
+
+def dev_paths(disks: list[str]) -> list[str]:
+    """``["vda", "/dev/vdb"]`` → ``["/dev/vda", "/dev/vdb"]``."""
+    return [d if d.startswith("/dev/") else f"/dev/{d}" for d in disks]
+
+
+def net_env(nic_mac: str, static: dict[str, Any] | None, nameservers: list[str]) -> str:
+    """``/karios/net.env`` for ``/init``: DHCP, or the static address (netmask or prefix)."""
+    lines = ["NET_MODE=dhcp"]
+    if static and static.get("address"):
+        mask = str(static.get("netmask") or static.get("prefix") or "24")
+        iface = ipaddress.ip_interface(f"{static['address']}/{mask}")
+        lines = [
+            "NET_MODE=static",
+            f"NET_ADDRESS={_sh_quote(iface.ip)}",
+            f"NET_PREFIX={iface.network.prefixlen}",
+            f"NET_GATEWAY={_sh_quote(static.get('gateway') or '')}",
+        ]
+        nameservers = nameservers or as_list(static.get("nameservers"))
+    lines.append(f"NET_MAC={_sh_quote(nic_mac.lower())}")
+    lines.append(f"NET_DNS={_sh_quote(' '.join(nameservers))}")
+    return "\n".join(lines) + "\n"
+
+
+class ImageSettings(BaseSettings):
+    """Settings of the live images (``KARIOS_PROVISIONER_IMAGE_*``), built with the method."""
+
+    model_config = SettingsConfigDict(env_prefix="KARIOS_PROVISIONER_IMAGE_", extra="ignore")
+
+    mirror: str = Field("", description="Debian mirror URL image builds use (default: mirror_host/dir)")
+    proxy: str = Field("", description="HTTP proxy for image builds (default: mirror_proxy)")
+    url: str = Field(
+        "",
+        description="Base URL install targets fetch /images/ from, when they reach the provisioner "
+        "at another address than BMCs do (default: media_url)",
+    )
+
+
+@dataclass(frozen=True)
+class AptSource:
+    """Where mmdebstrap downloads packages: a mirror URL and/or an HTTP proxy."""
+
+    mirror: str = ""  # e.g. http://127.0.0.1:3142/debian ("" = mmdebstrap's default)
+    proxy: str = ""  # e.g. http://127.0.0.1:3142 ("" = none)
+
+    @classmethod
+    def for_config(
+        cls, settings: ImageSettings, mirror_host: str = "", mirror_dir: str = "/debian", proxy: str = ""
+    ) -> AptSource:
+        """The image settings win; else the installers' mirror host/dir and proxy."""
+        mirror = settings.mirror or (f"http://{mirror_host}{mirror_dir}" if mirror_host else "")
+        return cls(mirror=mirror, proxy=settings.proxy or proxy)
+
+    def args(self) -> list[str]:
+        return [f'--aptopt=Acquire::http::Proxy "{self.proxy}"'] if self.proxy else []
+
+
+@dataclass(frozen=True)
+class LiveArtifacts:
+    kernel: Path
+    initrd: Path
+    root_archive: Path
+
+
+class LiveImages:
+    """Builds and caches the live environment and root archive under ``images_dir/<suite>/``."""
+
+    def __init__(self, images_dir: Path, source: AptSource | None = None) -> None:
+        self.images_dir = Path(images_dir)
+        self.source = source or AptSource()
+
+    def tools_missing(self) -> list[str]:
+        return [t for t in ("mmdebstrap", "zstd", "cpio") if not shutil.which(t)]
+
+    def artifacts(self, suite: str) -> LiveArtifacts:
+        d = self.images_dir / suite
+        return LiveArtifacts(d / "vmlinuz", d / "live.img", d / "root.tar.zst")
+
+    def ready(self, suite: str) -> bool:
+        a = self.artifacts(suite)
+        return all(p.exists() for p in (a.kernel, a.initrd, a.root_archive))
+
+    def build(self, suite: str, *, with_root: bool = True) -> dict[str, float]:
+        """Build what is missing (blocking, minutes when cold); returns seconds per artifact.
+        ``with_root=False``: only the live environment (all a wipe needs)."""
+        missing = self.tools_missing()
+        if missing:
+            raise PermanentFailure(f"image build tools missing: {', '.join(missing)}")
+        out = self.images_dir / suite
+        out.mkdir(parents=True, exist_ok=True)
+        times: dict[str, float] = {}
+        a = self.artifacts(suite)
+        if with_root and not a.root_archive.exists():
+            t = time.perf_counter()
+            self._build_root(suite, out)
+            times["root"] = round(time.perf_counter() - t, 1)
+        if not (a.kernel.exists() and a.initrd.exists()):
+            t = time.perf_counter()
+            self._build_live(suite, out)
+            times["live"] = round(time.perf_counter() - t, 1)
+        if times:  # the last build's seconds per artifact (kept for those not rebuilt)
+            record = out / "build-times.json"
+            known = json.loads(record.read_text()) if record.exists() else {}
+            record.write_text(json.dumps({**known, **times}) + "\n")
+        return times
+
+    def _mmdebstrap(self, suite: str, include: str, target: str, cwd: Path, *extra: str) -> None:
+        argv = ["mmdebstrap", "--variant=minbase", f"--include={include}", *self.source.args(), *extra]
+        argv += [suite, target]
+        if self.source.mirror:
+            argv.append(self.source.mirror)
+        _run(argv, cwd=cwd, timeout=1800)
+
+    def _build_root(self, suite: str, out: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix=".root-", dir=out) as tmp:
+            tar = Path(tmp) / "root.tar"
+            self._mmdebstrap(suite, ROOT_PACKAGES, str(tar), Path(tmp))
+            _run(["zstd", "-q", "-3", "-T0", "--rm", str(tar), "-o", str(tar) + ".zst"], timeout=600)
+            os.replace(str(tar) + ".zst", out / "root.tar.zst")
+
+    def _build_live(self, suite: str, out: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix=".live-", dir=out) as tmp:
+            tree = Path(tmp) / "tree"
+            excludes = [f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("doc", "man", "locale", "info")]
+            self._mmdebstrap(suite, LIVE_PACKAGES, str(tree), Path(tmp), *excludes)
+            kernels = sorted((tree / "boot").glob("vmlinuz-*"))
+            if not kernels:
+                raise PermanentFailure(f"live environment for {suite}: no kernel in the package set")
+            kver = kernels[-1].name.removeprefix("vmlinuz-")
+            shutil.copyfile(kernels[-1], Path(tmp) / "vmlinuz")
+            kept = keep_modules(tree / "usr/lib/modules" / kver, LIVE_MODULES)
+            _run(["chroot", str(tree), "depmod", "-a", kver])  # the tree's own kmod
+            for pattern in LIVE_PRUNE:
+                for p in tree.glob(pattern):
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            (tree / "init").write_text(render_init(kept))
+            (tree / "init").chmod(0o755)
+            img = Path(tmp) / "live.img"
+            _run(
+                ["sh", "-c", f"find . -mindepth 1 | cpio -o -H newc --quiet | zstd -q -10 -T0 > {img}"],
+                cwd=tree,
+                timeout=600,
+            )
+            os.replace(Path(tmp) / "vmlinuz", out / "vmlinuz")
+            os.replace(img, out / "live.img")
+
+
+def keep_modules(moddir: Path, wanted: list[str]) -> list[str]:
+    """Delete every module of ``moddir`` outside the dependency closure of ``wanted`` (by
+    ``modules.dep``); returns the wanted names that exist as modules, in order."""
+    deps: dict[str, list[str]] = {}
+    by_name: dict[str, str] = {}
+    for line in (moddir / "modules.dep").read_text().splitlines():
+        path, _, rest = line.partition(":")
+        deps[path] = rest.split()
+        by_name[_mod_name(path)] = path
+    present = [m for m in wanted if m in by_name]
+    keep: set[str] = set()
+    todo = [by_name[m] for m in present]
+    while todo:
+        p = todo.pop()
+        if p not in keep:
+            keep.add(p)
+            todo.extend(deps.get(p, []))
+    for ko in (moddir / "kernel").rglob("*.ko*"):
+        if str(ko.relative_to(moddir)) not in keep:
+            ko.unlink()
+    return present
+
+
+def _mod_name(path: str) -> str:
+    name = path.rsplit("/", 1)[-1].split(".ko", 1)[0]
+    return name.replace("-", "_")
+
+
+def _run(argv: list[str], timeout: float = 300, **kw) -> None:  # type: ignore[no-untyped-def]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+    if res.returncode != 0:
+        raise PermanentFailure(f"{argv[0]} failed ({res.returncode}): {res.stderr.strip()[-800:]}")
+
+
+def live_images_for(cfg: Any, settings: ImageSettings) -> LiveImages:
+    """The cache a provisioner config points at: ``cfg.images_dir`` (else ``<cache_dir>/images``),
+    built through the image mirror/proxy settings, else the installers' mirror and proxy."""
+    images_dir = getattr(cfg, "images_dir", None) or Path(cfg.cache_dir) / "images"
+    source = AptSource.for_config(
+        settings,
+        getattr(cfg, "mirror_host", ""),
+        getattr(cfg, "mirror_dir", "/debian"),
+        getattr(cfg, "mirror_proxy", ""),
+    )
+    return LiveImages(images_dir, source)

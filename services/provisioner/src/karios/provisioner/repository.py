@@ -1,0 +1,227 @@
+"""The job table: SQL and leases, nothing else (no bus, no BMC, no events).
+
+Leases are compared with the database clock (``now()``), never the replicas' clocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from karios.common.db import Database
+from karios.common.errors import NotFound
+from karios.common.provisioning import TERMINAL_STATES
+from karios.provisioner.config import ProvisionerConfig
+from karios.provisioner.models import Job
+from karios.provisioner.statemachine import INFO, WORKER_STATES, State, is_terminal, transition
+
+T = Job.__table__  # type: ignore[attr-defined]
+_WORK = [s.value for s in WORKER_STATES]
+_ENDED = sorted(TERMINAL_STATES)
+_WATCHED = [s.value for s, info in INFO.items() if info.watched]
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class LeaseLost(Exception):
+    """Another replica owns the job now (our lease expired): stop without touching the BMC."""
+
+
+@dataclass
+class Moved:
+    job: Job
+    previous: State
+
+
+@dataclass
+class JobRepository:
+    db: Database
+    cfg: ProvisionerConfig  # lease_seconds and stage_deadline, read at each use (tests change them)
+    replica: str
+
+    def lease_expr(self) -> Any:
+        """``now() + lease`` on the database clock."""
+        return sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, float(self.cfg.lease_seconds))
+
+    async def load(self, job_id: str) -> Job:
+        async with self.db.session() as s:
+            job = await s.get(Job, job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        return job
+
+    async def insert(self, row: dict[str, Any]) -> tuple[bool, str | None]:
+        """Insert a job (a duplicate id is a no-op): (created, id of another running job of its BMC).
+
+        A transaction-scoped advisory lock per BMC serialises two inserts for one BMC, so the
+        second always sees the first (never two running jobs on one machine).
+        """
+        async with self.db.session() as s, s.begin():
+            await s.exec(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(row["bmc_ip"]))))
+            res = await (await s.connection()).execute(
+                pg_insert(T)
+                .values(**row, lease_until=self.lease_expr())
+                .on_conflict_do_nothing()
+                .returning(T.c.id)
+            )
+            if res.first() is None:
+                return False, None
+            other = (
+                await s.exec(
+                    sa.select(T.c.id).where(
+                        T.c.bmc_ip == row["bmc_ip"], T.c.id != row["id"], T.c.state.notin_(_ENDED)
+                    )
+                )
+            ).first()
+        return True, other[0] if other else None
+
+    async def move(
+        self,
+        job_id: str,
+        target: State,
+        message: str,
+        *,
+        percent: int | None,
+        owned: bool,
+        values: dict[str, Any],
+    ) -> Moved:
+        """One transition of the table under the row lock (409 if forbidden).
+
+        ``owned``: only the lease owner may make it (:class:`LeaseLost`), and it renews the lease
+        while the job stays in the worker phase.
+        """
+        async with self.db.session() as s, s.begin():
+            job = await s.get(Job, job_id, with_for_update=True)
+            if job is None:
+                raise NotFound(f"no job {job_id}")
+            if owned and job.owner != self.replica and not is_terminal(job.state):
+                raise LeaseLost(f"job {job_id} is owned by {job.owner or 'nobody'}")
+            previous = State(job.state)
+            new = transition(job.state, target)
+            if new in WORKER_STATES and owned:
+                db_now = (await s.exec(sa.select(sa.func.now()))).one()[0]
+                job.lease_until = db_now + timedelta(seconds=self.cfg.lease_seconds)
+            elif new not in WORKER_STATES:
+                job.lease_until = None  # worker phase over: nothing left to claim
+            info = INFO[new]
+            job.state = new.value
+            job.message = message or info.stage
+            job.percent = percent if percent is not None else (info.percent or job.percent)
+            job.updated_at = now()
+            job.stage_deadline = now() + timedelta(seconds=self.cfg.stage_deadline) if info.watched else None
+            for k, v in values.items():
+                setattr(job, k, v)
+        return Moved(job, previous)
+
+    async def set_token(self, job_id: str, token_hash: str, token_enc: str) -> None:
+        async with self.db.session() as s, s.begin():
+            res = await (await s.connection()).execute(
+                sa.update(T)
+                .where(T.c.id == job_id, T.c.owner == self.replica)
+                .values(token_hash=token_hash, token_enc=token_enc)
+            )
+            if res.rowcount != 1:
+                raise LeaseLost(f"job {job_id} is owned by another replica")
+
+    # -- leases -------------------------------------------------------------------------
+    async def renew(self, ids: list[str]) -> list[str]:
+        """Renew our leases on ``ids``; return those another replica owns now."""
+        async with self.db.session() as s, s.begin():
+            conn = await s.connection()
+            renewed = {
+                r[0]
+                for r in await conn.execute(
+                    sa.update(T)
+                    .where(T.c.id.in_(ids), T.c.owner == self.replica, T.c.state.in_(_WORK))
+                    .values(lease_until=self.lease_expr())
+                    .returning(T.c.id)
+                )
+            }
+            rest = [i for i in ids if i not in renewed]
+            if not rest:
+                return []
+            taken = await conn.execute(
+                sa.select(T.c.id).where(T.c.id.in_(rest), T.c.owner != self.replica, T.c.state.in_(_WORK))
+            )
+            return [r[0] for r in taken]
+
+    async def claim_expired(self, limit: int) -> list[tuple[str, int]]:
+        """Take worker-phase jobs whose lease expired (or was handed back): (job id, attempts).
+
+        ``FOR UPDATE SKIP LOCKED`` in one UPDATE: two replicas sweeping at once never take the
+        same job.
+        """
+        pick = (
+            sa.select(T.c.id)
+            .where(T.c.state.in_(_WORK), sa.or_(T.c.lease_until.is_(None), T.c.lease_until < sa.func.now()))
+            .order_by(T.c.created_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        async with self.db.session() as s, s.begin():
+            rows = await (await s.connection()).execute(
+                sa.update(T)
+                .where(T.c.id.in_(pick.scalar_subquery()))
+                .values(owner=self.replica, lease_until=self.lease_expr(), attempts=T.c.attempts + 1)
+                .returning(T.c.id, T.c.attempts)
+            )
+            return [(r[0], r[1]) for r in rows]
+
+    async def release_leases(self) -> None:
+        """Hand our worker-phase leases back (a graceful stop: another replica resumes at once)."""
+        async with self.db.session() as s, s.begin():
+            await (await s.connection()).execute(
+                sa.update(T).where(T.c.owner == self.replica, T.c.state.in_(_WORK)).values(lease_until=None)
+            )
+
+    # -- queries ------------------------------------------------------------------------
+    async def running(self) -> list[Any]:
+        async with self.db.session() as s:
+            return list(
+                (
+                    await s.exec(
+                        sa.select(T.c.id, T.c.bmc_ip, T.c.job_type, T.c.state, T.c.created_at)
+                        .where(T.c.state.notin_(_ENDED))
+                        .order_by(T.c.created_at)
+                    )
+                ).all()
+            )
+
+    async def overdue(self) -> list[str]:
+        """Jobs waiting for the installer whose stage deadline passed."""
+        async with self.db.session() as s:
+            rows = (
+                await s.exec(sa.select(T.c.id).where(T.c.state.in_(_WATCHED), T.c.stage_deadline < now()))
+            ).all()
+        return [r[0] for r in rows]
+
+    async def newer_than(self, job: Job) -> str | None:
+        async with self.db.session() as s:
+            row = (
+                await s.exec(
+                    sa.select(T.c.id).where(T.c.bmc_ip == job.bmc_ip, T.c.created_at > job.created_at)
+                )
+            ).first()
+        return row[0] if row else None
+
+    async def with_token(self, bmc_ip: str, token_hash: str) -> str | None:
+        async with self.db.session() as s:
+            row = (
+                await s.exec(sa.select(T.c.id).where(T.c.bmc_ip == bmc_ip, T.c.token_hash == token_hash))
+            ).first()
+        return row[0] if row else None
+
+    async def latest_for_bmc(self, bmc_ip: str) -> str | None:
+        async with self.db.session() as s:
+            row = (
+                await s.exec(
+                    sa.select(T.c.id).where(T.c.bmc_ip == bmc_ip).order_by(T.c.created_at.desc()).limit(1)
+                )
+            ).first()
+        return row[0] if row else None

@@ -1,0 +1,144 @@
+"""Use case "run the worker phase": queued → building_media → mounting → booting, resumable.
+
+queued/building_media: check the BMC answers (before any medium is written), (re)build the
+medium; mounting: rebuild the medium (it lives on the replica that serves it), eject + insert +
+read back, boot override (all idempotent); then the gate ``mounting → booting`` (owner-checked,
+under the row lock, once per job) and only after it commits the one power reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from karios.common.contracts.provision import StartProvision
+from karios.common.errors import KariosError
+from karios.common.telemetry import get_logger
+from karios.provisioner.bmc import probe
+from karios.provisioner.drivers import RedfishDriver
+from karios.provisioner.models import Job
+from karios.provisioner.repository import LeaseLost, now
+from karios.provisioner.statemachine import State
+
+if TYPE_CHECKING:
+    from karios.provisioner.jobs import JobService
+
+log = get_logger(__name__)
+
+QUIRK_ONCE = (
+    "BMC quirk: BootSourceOverrideEnabled reads back {got!r} after 'Once' was sent "
+    "(the override is cleared when the job ends)"
+)
+
+
+class JobCancelled(Exception):
+    pass
+
+
+@dataclass
+class Attempt:
+    job_id: str
+    job: Job | None = None
+    mounted: bool = False  # from here a cancel must eject what we may have inserted
+
+
+def subnet_of(ip: str) -> str:
+    try:
+        return str(ipaddress.ip_network(f"{ip}/24", strict=False))
+    except ValueError:
+        return ip
+
+
+async def run(svc: JobService, job_id: str) -> None:
+    """Work a job from its recorded state up to booting; safe to run again after a crash."""
+    at = Attempt(job_id)
+    try:
+        at.job = await svc.check(job_id)
+        cmd = StartProvision.model_validate(at.job.spec)
+        token = await svc.job_token(at.job)
+        state = State(at.job.state)
+        if state in (State.queued, State.building_media):
+            async with svc.bmc_sem:  # fail in seconds, before any medium is written
+                await probe(await svc.driver(cmd, probe=True))
+        async with svc.build_sem:
+            await svc.check(job_id)
+            if state == State.queued:
+                await svc.move(job_id, State.building_media, owned=True)
+                state = State.building_media
+            await svc.build_medium(cmd, token)
+        kind = await mount_and_reset(svc, at, cmd, state)
+        log.info("job booting", job_id=job_id, reset=kind, replica=svc.replica)
+    except asyncio.CancelledError:
+        log.info("worker stopping; the job stays claimable", job_id=job_id)
+    except JobCancelled:
+        log.info("job cancelled", job_id=job_id)
+        await _after_cancel(svc, at)
+    except LeaseLost as exc:
+        log.warning("job lease lost; the owner resumes it", job_id=job_id, reason=str(exc))
+    except KariosError as exc:
+        if at.mounted and await svc.is_cancelled(job_id):
+            await _after_cancel(svc, at)  # e.g. the booting gate refused: cancelled meanwhile
+        else:
+            await svc.fail(job_id, exc.message)
+    except Exception as exc:
+        log.exception("job failed", job_id=job_id)
+        await svc.fail(job_id, f"internal error: {type(exc).__name__}")
+    finally:
+        if svc.tasks.get(job_id) is asyncio.current_task():
+            svc.tasks.pop(job_id, None)
+
+
+async def _after_cancel(svc: JobService, at: Attempt) -> None:
+    """The cancel may have run its cleanup before our build or insert: clean up again."""
+    svc.media.remove(at.job_id)
+    if at.mounted and at.job is not None:
+        await svc.cleanup_bmc(at.job)
+
+
+async def mount_and_reset(svc: JobService, at: Attempt, cmd: StartProvision, state: State) -> str:
+    subnet = svc.subnet_sems[subnet_of(cmd.spec.bmc_ip)]
+    async with svc.bmc_sem, subnet:
+        await svc.check(at.job_id)
+        if state == State.building_media:
+            await svc.move(at.job_id, State.mounting, owned=True)
+        drv = await svc.driver(cmd)
+        async with drv:
+            at.mounted = True
+            await drv.mount(f"{svc.cfg.media_url.rstrip('/')}/media/{at.job_id}.iso")
+            svc.mounts += 1
+            note = quirk_note(drv, await drv.set_boot_cd_once())
+            if note:
+                log.warning("BMC ignores one-time boot overrides", job_id=at.job_id, bmc_ip=cmd.spec.bmc_ip)
+            await svc.check(at.job_id)
+            gate = asyncio.create_task(gate_and_reset(svc, at.job_id, drv, note))
+            gate.add_done_callback(_retrieve)
+            svc.resetting[at.job_id] = gate
+            try:
+                kind = await asyncio.shield(gate)
+            finally:
+                if gate.done():
+                    svc.resetting.pop(at.job_id, None)
+            await drv.wait_power_on()
+    return kind
+
+
+def quirk_note(drv: RedfishDriver, read_back: Any) -> str:
+    """Evidence of a BMC that answers ``Continuous`` when ``Once`` was sent ("" otherwise)."""
+    if drv.quirks.boot_enabled == "Once" and isinstance(read_back, str) and read_back == "Continuous":
+        return QUIRK_ONCE.format(got=read_back)
+    return ""
+
+
+async def gate_and_reset(svc: JobService, job_id: str, drv: RedfishDriver, note: str = "") -> str:
+    """``mounting → booting`` as the lease owner (once per job, row-locked), then the reset."""
+    message = "Medium mounted; resetting into it" + (f" ({note})" if note else "")
+    await svc.move(job_id, State.booting, message, owned=True, reset_at=now())
+    return await drv.reset_into_media()
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a shielded task's outcome as seen (its awaiter may be gone after a stop)."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,117 @@
+"""Image-based install END TO END through the gateway, booted for real in qemu (TCG).
+
+Provision on the Redfish emulator through the gateway, boot the ISO Karios built (downloaded
+from the provisioner's ``/media/{job}.iso``) in qemu with two virtio disks and ``pool_type:
+mirror``, follow SSE: every install stage arrives in order, the VM reboots from its disks into
+Debian, the first-boot callback completes the job with the node's IP, and the installed system
+has the md RAID1 root, the hostname and the password asked for (checked over SSH).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import asyncssh
+import httpx
+import pytest
+
+from karios.provisioner.install import INSTALL_STAGES
+from tests.fixtures.apps import ADMIN
+from tests.fixtures.installs import InstallStack
+from tests.fixtures.provision import wait_bmc_clean, wait_job
+from tests.fixtures.sse import open_sse
+from tests.lab.vm import GUEST_IP, VM, Disk, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.timeout(2400)]
+
+
+async def test_image_install_to_first_boot_through_the_gateway(install_stack: InstallStack, tmp_path: Path):
+    st = install_stack
+    password = "img-s3cret-pw"
+    async with (
+        httpx.AsyncClient(base_url=st.gw, timeout=60) as c,
+        open_sse(c, "/controlnode/events?channel=provision", timeout=2000) as sse,
+    ):
+        t0 = time.monotonic()
+        r = await c.post(
+            "/controlnode/provision",
+            json={
+                "bmc_IP": st.bmc_ip,
+                "vendor": "generic",
+                "hostname": "karios-img-1",
+                "os_username": "operator",
+                "os_password": password,
+                "selected_disks": ["vda", "vdb"],
+                "pool_type": "mirror",
+                "install_method": "image",
+            },
+            headers=ADMIN,
+        )
+        assert r.status_code == 202, r.text
+        job = r.json()["job_id"]
+        await wait_job(c, job, {"booting"}, timeout=300)
+        t_booting = time.monotonic()
+        iso = tmp_path / "medium.iso"
+        async with httpx.AsyncClient(timeout=120) as p:
+            got = await p.get(f"{st.prov}/media/{job}.iso")
+        assert got.status_code == 200
+        iso.write_bytes(got.content)
+
+        ssh_port = free_port()
+        vm = VM(
+            tmp_path,
+            iso=iso,  # -boot once=d: the install's reboot comes up from the disks
+            disks=[Disk(tmp_path / "vda.img", 4 << 30), Disk(tmp_path / "vdb.img", 4 << 30)],
+            guestfwd=st.guestfwd(),
+            hostfwd={ssh_port: 22},
+        )
+        vm.start()
+        try:
+            done = await wait_job(c, job, {"completed", "failed"}, timeout=1800)
+            t_done = time.monotonic()
+            assert done["job_status"] == "completed", (done, vm.tail())
+            assert done["node_ip"] == GUEST_IP
+            await vm.wait_serial(r"karios-img-1 login:", timeout=300)
+            async with asyncssh.connect(
+                "127.0.0.1", ssh_port, username="operator", password=password, known_hosts=None
+            ) as conn:
+                hostname = (await conn.run("hostname", check=True)).stdout.strip()
+                mdstat = (await conn.run("cat /proc/mdstat", check=True)).stdout
+                root = (await conn.run("findmnt -no SOURCE /", check=True)).stdout.strip()
+                efi = (await conn.run("findmnt -no FSTYPE /boot/efi", check=True)).stdout.strip()
+            block = vm.monitor("info block")  # the harness's monitor socket answers
+        finally:
+            vm.stop()
+        assert hostname == "karios-img-1"
+        assert "raid1" in mdstat and "vda3" in mdstat and "vdb3" in mdstat, mdstat
+        assert root.startswith("/dev/md"), root
+        assert efi == "vfat"  # the first disk's EFI system partition
+        assert "vda.img" in block and "vdb.img" in block, block
+
+        events = await sse.collect(
+            until=lambda evs: any(
+                e.event == "job_completed" and e.json()["data"].get("job_id") == job for e in evs
+            ),
+            timeout=60,
+        )
+        mine = [(e.event, e.json()["data"]) for e in events if e.json()["data"].get("job_id") == job]
+        step_messages = [d.get("message", "") for n, d in mine if n == "job_step"]
+        labels = [s.label for s in INSTALL_STAGES]
+        seen = [next((lbl for lbl in labels if m.startswith(lbl)), m) for m in step_messages]
+        assert seen == labels, step_messages
+        names = [n for n, _ in mine]
+        assert names.index("job_booting") < names.index("job_step") < names.index("job_first_boot")
+        assert names[-1] == "job_completed"
+        assert all(password not in json.dumps(d) for _, d in mine)
+        await wait_bmc_clean(st.emu, st.system_id)
+    timeline = {
+        "post_to_booting": round(t_booting - t0, 1),
+        "post_to_completed": round(t_done - t0, 1),
+        "steps": step_messages,
+    }
+    for img in (tmp_path / "vda.img", tmp_path / "vdb.img", iso):  # a failing run keeps them
+        img.unlink()
+    Path("/tmp/karios-image-gateway-timeline.json").write_text(json.dumps(timeline, indent=1))
+    print("image install through the gateway:", timeline)

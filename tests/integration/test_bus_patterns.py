@@ -1,0 +1,130 @@
+"""The bus's messaging patterns on the real JetStream server: broadcast to every replica,
+ordered event subscription (from a sequence / new only), and a durable pull consumer shared
+by replicas."""
+
+from __future__ import annotations
+
+import json
+
+from karios.common.bus.consumers import StreamEvent
+from karios.common.bus.envelope import Envelope
+from karios.common.bus.runtime import Bus
+from karios.common.contracts.base import Event, Query
+from tests.fixtures.wait import wait_until
+
+
+class Ping(Query):
+    TYPE = "karios.test.ping.v1"
+    n: int
+
+
+class Tick(Event):
+    TYPE = "karios.test.tick.v1"
+    n: int
+
+
+class Tock(Event):
+    TYPE = "karios.test.tock.v1"
+    n: int
+
+
+async def test_broadcast_reaches_every_replica_typed_and_drops_malformed(settings):
+    replicas = [Bus.from_settings(settings, "bus-test") for _ in range(2)]
+    got: list[list[int]] = [[], []]
+    subject = replicas[0].subjects.broadcast("test", "ping")
+    for bus, seen in zip(replicas, got, strict=True):
+
+        async def on_ping(msg: Ping, seen: list[int] = seen) -> None:
+            assert isinstance(msg, Ping)
+            seen.append(msg.n)
+
+        bus.broadcast_handler(subject, Ping, on_ping)
+        await bus.start()
+    try:
+        await replicas[0].nc.publish(subject, b"not json")  # dropped, the handler never sees it
+        await replicas[0].nc.publish(subject, json.dumps({"type": Ping.TYPE, "data": {"n": "x"}}).encode())
+        await replicas[0].broadcast(Ping(n=1), subject)
+        await replicas[1].broadcast(Ping(n=2), subject)
+        await wait_until(lambda: all(len(s) == 2 for s in got), what="both replicas to hear both pings")
+        assert [sorted(s) for s in got] == [[1, 2], [1, 2]]
+    finally:
+        for bus in replicas:
+            await bus.stop()
+
+
+async def test_ordered_subscription_from_a_sequence_and_new_only(settings):
+    bus = Bus.from_settings(settings, "bus-test")
+    await bus.start()
+    subs = []
+    try:
+        for n in (1, 2, 3):
+            await bus.publish_event(Tick(n=n), bus.subjects.evt("test", "tick", str(n)))
+        assert await bus.last_event_seq() == 3
+        replayed = [ev async for ev in bus.read_events(1, 3)]
+        assert [ev.seq for ev in replayed] == [2, 3]
+        assert [ev.envelope().data["n"] for ev in replayed] == [2, 3]
+
+        from_two: list[StreamEvent] = []
+        new_only: list[StreamEvent] = []
+
+        async def keep_from_two(ev: StreamEvent) -> None:
+            from_two.append(ev)
+
+        async def keep_new(ev: StreamEvent) -> None:
+            new_only.append(ev)
+
+        subs.append(await bus.subscribe_events(keep_from_two, start_seq=2))
+        subs.append(await bus.subscribe_events(keep_new))
+        await wait_until(lambda: len(from_two) == 2, what="the replay from sequence 2")
+        await bus.publish_event(Tick(n=4), bus.subjects.evt("test", "tick", "4"))
+        await wait_until(lambda: len(from_two) == 3 and len(new_only) == 1, what="the live event")
+        assert [ev.seq for ev in from_two] == [2, 3, 4]
+        assert [ev.seq for ev in new_only] == [4], "deliver-new must not replay stored events"
+        assert new_only[0].subject == bus.subjects.evt("test", "tick", "4")
+    finally:
+        for sub in subs:
+            await sub.stop()
+        await bus.stop()
+
+
+async def test_pull_consumer_is_shared_by_replicas_skips_other_types_and_retries(settings):
+    replicas = [Bus.from_settings(settings, "bus-test") for _ in range(2)]
+    handled: dict[int, list[str]] = {}
+    failed_once: set[int] = set()
+    consumers = []
+
+    async def apply(tick: Tick, env: Envelope) -> None:
+        assert isinstance(tick, Tick)
+        if tick.n == 3 and tick.n not in failed_once:
+            failed_once.add(tick.n)
+            raise RuntimeError("database away")  # redelivered after the retry delay
+        handled.setdefault(tick.n, []).append(env.id)
+
+    try:
+        for bus in replicas:
+            await bus.start()
+            consumers.append(
+                await bus.pull_events(
+                    "bus-test-ticks", bus.subjects.events_of("test"), Tick, apply, retry_delay=0.1
+                )
+            )
+        for n in range(10):
+            await replicas[0].publish_event(Tick(n=n), replicas[0].subjects.evt("test", "tick", str(n)))
+            await replicas[0].publish_event(Tock(n=n), replicas[0].subjects.evt("test", "tock", str(n)))
+
+        async def drained() -> bool:
+            info = await replicas[0].js.consumer_info(replicas[0].subjects.evt_stream, "bus-test-ticks")
+            return info.num_pending == 0 and info.num_ack_pending == 0
+
+        await wait_until(drained, timeout=15, what="every event acked")
+        assert sorted(handled) == list(range(10)), "every Tick handled, no Tock"
+        assert all(len(ids) == 1 for ids in handled.values()), "each event handled by one replica, once"
+        assert failed_once == {3}
+        assert await replicas[0].healthy()
+        await replicas[0].js.delete_consumer(replicas[0].subjects.evt_stream, "bus-test-ticks")
+        assert not await replicas[0].healthy(), "a deleted durable must show as unhealthy"
+    finally:
+        for c in consumers:
+            await c.stop()
+        for bus in replicas:
+            await bus.stop()

@@ -1,0 +1,118 @@
+"""The provisioner's bus handlers on FastStream's in-memory ``TestNatsBroker`` (no NATS server):
+each typed contract reaches its use case, a malformed request is an error reply naming the field.
+
+The start command is a JetStream consumer (it reads the delivery count from JetStream metadata,
+which the in-memory broker does not provide): it is covered by tests/integration/provisioner."""
+
+from __future__ import annotations
+
+import json
+
+from faststream.nats import TestNatsBroker
+
+from karios.common.bus.envelope import wrap
+from karios.common.bus.runtime import Bus
+from karios.common.bus.subjects import Subjects
+from karios.common.contracts.base import Contract
+from karios.common.contracts.provision import (
+    CallbackRequest,
+    CancelJob,
+    JobView,
+    QueueEntry,
+    QueueQuery,
+    StartProvision,
+)
+from karios.provisioner.handlers import wire
+
+
+class Recorder:
+    """Stands in for the job service: records what each use case received."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def _view(self, job_id: str, state: str) -> JobView:
+        return JobView(job_id=job_id, bmc_ip="10.0.0.5", state=state, status="running", log_tail=["l1"])
+
+    async def handle_start(self, cmd: StartProvision) -> None:
+        self.calls.append(("start", cmd))
+
+    async def step(self, req: CallbackRequest) -> JobView:
+        self.calls.append(("step", req))
+        return self._view(req.job_id, "installing")
+
+    async def complete(self, req: CallbackRequest) -> JobView:
+        self.calls.append(("complete", req))
+        return self._view(req.job_id, "first_boot")
+
+    async def firstboot(self, req: CallbackRequest) -> JobView:
+        self.calls.append(("firstboot", req))
+        return self._view(req.job_id, "completed")
+
+    async def cancel(self, req: CancelJob) -> JobView:
+        self.calls.append(("cancel", req))
+        return self._view(req.job_id, "cancelled")
+
+    async def queue(self) -> list[QueueEntry]:
+        self.calls.append(("queue", None))
+        return [
+            QueueEntry(
+                job_id="j",
+                bmc_ip="10.0.0.5",
+                job_type="provision",
+                state="queued",
+                position=1,
+                created_at="t",
+            )
+        ]
+
+
+def _bus() -> tuple[Bus, Recorder]:
+    bus = Bus(service="provisioner", servers=["nats://127.0.0.1:1"], subjects=Subjects("unitprov"))
+    rec = Recorder()
+    wire(bus, rec)
+    return bus, rec
+
+
+def _wire(model: Contract) -> bytes:
+    return wrap(model, source="test").model_dump_json().encode()
+
+
+async def test_installer_step_reaches_the_use_case_typed_with_message_and_log():
+    bus, rec = _bus()
+    req = CallbackRequest(
+        job_id="j1", token="t", step="mirror", state="failed", message="Bad mirror", log=["a", "b"]
+    )
+    async with TestNatsBroker(bus.broker) as br:
+        reply = await br.request(_wire(req), bus.subjects.request("provision", "step"))
+    body = json.loads(reply.body)
+    assert (
+        body["ok"] is True
+        and body["result"]["state"] == "installing"
+        and body["result"]["log_tail"] == ["l1"]
+    )
+    assert rec.calls == [("step", req)]
+
+
+async def test_each_request_subject_calls_its_own_use_case():
+    bus, rec = _bus()
+    async with TestNatsBroker(bus.broker) as br:
+        for verb in ("complete", "firstboot"):
+            await br.request(
+                _wire(CallbackRequest(job_id=f"j-{verb}")), bus.subjects.request("provision", verb)
+            )
+        cancel = await br.request(_wire(CancelJob(job_id="j9")), bus.subjects.request("provision", "cancel"))
+        queue = await br.request(_wire(QueueQuery()), bus.subjects.query("provision", "queue"))
+    assert [c[0] for c in rec.calls] == ["complete", "firstboot", "cancel", "queue"]
+    assert json.loads(cancel.body)["result"]["state"] == "cancelled"
+    assert json.loads(queue.body)["result"][0]["position"] == 1
+
+
+async def test_a_malformed_callback_is_an_error_reply_naming_the_field_and_reaches_nothing():
+    bus, rec = _bus()
+    bad = {"type": CallbackRequest.TYPE, "source": "x", "data": {"job_id": "j", "percent": "lots"}}
+    async with TestNatsBroker(bus.broker) as br:
+        reply = await br.request(json.dumps(bad), bus.subjects.request("provision", "step"))
+    err = json.loads(reply.body)["error"]
+    assert err["code"] == "VALIDATION_FAILED" and err["field"] == "percent", err
+    assert rec.calls == []
