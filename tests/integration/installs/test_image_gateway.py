@@ -4,7 +4,7 @@ Provision on the Redfish emulator through the gateway, boot the ISO Karios built
 from the provisioner's ``/media/{job}.iso``) in qemu with two virtio disks and ``pool_type:
 mirror``, follow SSE: every install stage arrives in order, the VM reboots from its disks into
 Debian, the first-boot callback completes the job with the node's IP, and the installed system
-has the md RAID1 root, the hostname and the password asked for (checked over SSH).
+has the md RAID1 root, the hostname and the SSH key asked for (checked over SSH with that key).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.timeout(2400
 async def test_image_install_to_first_boot_through_the_gateway(install_stack: InstallStack, tmp_path: Path):
     st = install_stack
     password = "img-s3cret-pw"
+    key = asyncssh.generate_private_key("ssh-ed25519", comment="ops@karios-test")
+    public = key.export_public_key().decode().strip()
     async with (
         httpx.AsyncClient(base_url=st.gw, timeout=60) as c,
         open_sse(c, "/controlnode/events?channel=provision", timeout=2000) as sse,
@@ -46,6 +48,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
                 "selected_disks": ["vda", "vdb"],
                 "pool_type": "mirror",
                 "install_method": "image",
+                "ssh_authorized_keys": [public],
             },
             headers=ADMIN,
         )
@@ -74,9 +77,10 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
             assert done["job_status"] == "completed", (done, vm.tail())
             assert done["node_ip"] == GUEST_IP
             await vm.wait_serial(r"karios-img-1 login:", timeout=300)
-            async with asyncssh.connect(
-                "127.0.0.1", ssh_port, username="operator", password=password, known_hosts=None
+            async with asyncssh.connect(  # the key asked for in the request, not the password
+                "127.0.0.1", ssh_port, username="operator", client_keys=[key], password=None, known_hosts=None
             ) as conn:
+                authorized = (await conn.run("cat ~/.ssh/authorized_keys", check=True)).stdout
                 hostname = (await conn.run("hostname", check=True)).stdout.strip()
                 mdstat = (await conn.run("cat /proc/mdstat", check=True)).stdout
                 root = (await conn.run("findmnt -no SOURCE /", check=True)).stdout.strip()
@@ -85,6 +89,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
         finally:
             vm.stop()
         assert hostname == "karios-img-1"
+        assert public in authorized
         assert "raid1" in mdstat and "vda3" in mdstat and "vdb3" in mdstat, mdstat
         assert root.startswith("/dev/md"), root
         assert efi == "vfat"  # the first disk's EFI system partition

@@ -6,7 +6,6 @@ Regenerate after an intended template change with ``UPDATE_GOLDEN=1`` and review
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from karios.common.contracts.fabric import FabricPlanRequest
 from karios.fabric_worker.config.plan import plan_fabric
 from karios.fabric_worker.config.render import SWITCH_NOS, listen_range_snippet
+from tests.fixtures.golden import assert_golden
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = [
@@ -42,11 +42,7 @@ def _request(nos: str, underlay: str, rr: str, **extra) -> FabricPlanRequest:
 
 
 def _check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert path.exists(), f"missing golden {path.name}: run with UPDATE_GOLDEN=1"
-    assert text == path.read_text()
+    assert_golden(GOLDEN / name, text)
 
 
 @pytest.mark.parametrize(("nos", "underlay", "rr"), CASES, ids=["-".join(c) for c in CASES])

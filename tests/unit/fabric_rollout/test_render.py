@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 
 from karios.fabric_worker.rollout.intent import FabricIntent
 from karios.fabric_worker.rollout.render import HMAC_SHA_PROBE_CONF, NodeRenderInput, render_node_files
+from tests.fixtures.golden import assert_golden
 
 GOLDEN = Path(__file__).parent / "golden"
 NODE = NodeRenderInput(hostname="node1", vtep_ip="10.255.0.1", underlay_iface="br-underlay")
@@ -47,10 +47,7 @@ def _render(case: str):
 def test_frr_conf_matches_golden(case: str) -> None:
     files = _render(case)
     for suffix, text in (("frr.conf", files.frr_conf), ("daemons", files.daemons)):
-        path = GOLDEN / f"{case}.{suffix}"
-        if os.environ.get("UPDATE_GOLDEN") == "1":
-            path.write_text(text)
-        assert text == path.read_text(), f"{path.name} differs (UPDATE_GOLDEN=1 to accept)"
+        assert_golden(GOLDEN / f"{case}.{suffix}", text)
 
 
 def test_daemons_enable_only_what_the_intent_uses() -> None:

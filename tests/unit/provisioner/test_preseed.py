@@ -14,9 +14,9 @@ from karios.common.errors import ValidationFailed
 from karios.provisioner import preseed
 from karios.provisioner.install import INSTALL_STAGES
 from karios.provisioner.preseed import HostContext, gpu_kernel_args, raid_layout, render_media_files
+from tests.fixtures.golden import assert_golden
 
 GOLDEN = Path(__file__).parent / "golden"
-UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 HASH = preseed.hash_password("adminadmin", salt="karios12")
 
 
@@ -59,6 +59,9 @@ CASES = {
         security_host="security.example.net",
         updates=True,
         serial_console="ttyS1,57600n8",
+        ssh_authorized_keys=[
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheGoldenFileOnly0000000000000 ops@example"
+        ],
     ),
 }
 
@@ -67,10 +70,7 @@ CASES = {
 def test_rendered_files_match_golden(name):
     files = render_media_files(CASES[name])
     for path, text in files.items():
-        golden = GOLDEN / f"{name}__{path.replace('/', '_')}"
-        if UPDATE or not golden.exists():
-            golden.write_text(text)
-        assert text == golden.read_text(), f"{golden} differs (UPDATE_GOLDEN=1 to accept)"
+        assert_golden(GOLDEN / f"{name}__{path.replace('/', '_')}", text)
 
 
 @pytest.mark.skipif(not shutil.which("debconf-set-selections"), reason="debconf not installed")

@@ -50,6 +50,10 @@ def spec(**kw) -> ProvisionSpec:
         ({"http_proxy": "ftp://proxy:21"}, "http_proxy"),
         ({"gpu_passthrough": ["zz"]}, "gpu_passthrough"),
         ({"gpu_passthrough": {"iommu": "arm"}}, "gpu_passthrough"),
+        ({"ssh_authorized_keys": ["not a key"]}, "ssh_authorized_keys"),
+        ({"ssh_authorized_keys": ["ssh-ed25519 AAAA\nssh-rsa BBBB"]}, "ssh_authorized_keys"),
+        ({"ssh_authorized_keys": ['command="reboot" ssh-ed25519 AAAAC3Nz']}, "ssh_authorized_keys"),
+        ({"ssh_authorized_keys": ["ssh-ed25519 AAAAC3Nz"] * 17}, "ssh_authorized_keys"),
     ],
 )
 def test_every_invalid_field_is_named(fields, field):
@@ -153,3 +157,9 @@ def test_a_bmc_that_reads_back_continuous_is_a_quirk_with_evidence():
     assert quirk_note(drv, "Once") == "" and quirk_note(drv, None) == ""  # None: a wrapped driver
     lenovo = driver_for("lenovo")(BmcEndpoint(bmc_ip="10.0.0.6", base_url="http://127.0.0.1:9"))
     assert quirk_note(lenovo, "Once") == ""
+
+
+def test_ssh_keys_are_kept_trimmed_one_per_item():
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOps ops@example"
+    out = validate_provision(spec(ssh_authorized_keys=[f"  {key} "]))
+    assert out.ssh_authorized_keys == [key]

@@ -172,6 +172,16 @@ configure_target() {
   cp "$HERE"/karios-firstboot.service /target/etc/systemd/system/karios-firstboot.service
   in-target systemctl enable karios-firstboot.service || log "could not enable karios-firstboot"
 
+  # The SSH public keys the request asked for, for the OS user (validated: one key per line).
+  mkdir -p /target/home/debian/.ssh
+  cat >/target/home/debian/.ssh/authorized_keys <<'KEYS'
+ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheGoldenFileOnly0000000000000 ops@example
+KEYS
+  chmod 0700 /target/home/debian/.ssh
+  chmod 0600 /target/home/debian/.ssh/authorized_keys
+  in-target chown -R debian: /home/debian/.ssh || log "could not chown the SSH keys"
+
+
   # GRUB on the serial console too (the kernel line already has console=… via add-kernel-opts).
   cat >>/target/etc/default/grub <<'EOF'
 GRUB_TERMINAL="console serial"

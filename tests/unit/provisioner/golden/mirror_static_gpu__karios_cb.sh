@@ -172,6 +172,7 @@ configure_target() {
   cp "$HERE"/karios-firstboot.service /target/etc/systemd/system/karios-firstboot.service
   in-target systemctl enable karios-firstboot.service || log "could not enable karios-firstboot"
 
+
   # GRUB on the serial console too (the kernel line already has console=… via add-kernel-opts).
   cat >>/target/etc/default/grub <<'EOF'
 GRUB_TERMINAL="console serial"

@@ -31,6 +31,10 @@ _DISK = re.compile(r"^[A-Za-z0-9/_.:-]{1,200}$")
 _NIC = re.compile(r"^[A-Za-z0-9_.:-]{1,32}$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _MIRROR = re.compile(r"^[A-Za-z0-9.-]{1,253}(:\d{1,5})?$")
+_SSH_KEY = re.compile(
+    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com|"
+    r"sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,3}( [\x20-\x7e]{0,200})?$"
+)
 _PCI_ID = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$")
 
 
@@ -103,12 +107,28 @@ def gpu_kernel_args(gpu: Any) -> list[str]:
     return args
 
 
+def check_ssh_keys(keys: list[str]) -> list[str]:
+    """OpenSSH public keys, one per item (no options, no newlines), at most 16 of at most 8 KB."""
+    if len(keys) > 16:
+        raise ValidationFailed("ssh_authorized_keys: at most 16 keys", field="ssh_authorized_keys")
+    out = []
+    for n, key in enumerate(keys):
+        k = key.strip()
+        if len(k) > 8192 or not _SSH_KEY.match(k):
+            raise ValidationFailed(
+                f"ssh_authorized_keys[{n}]: not an OpenSSH public key line (type base64 [comment])",
+                field="ssh_authorized_keys",
+            )
+        out.append(k)
+    return out
+
+
 def validate_provision(spec: ProvisionSpec) -> ProvisionSpec:
     """The normalised spec, or :class:`ValidationFailed` naming the first bad field.
 
     Checks: vendor (a known driver), hostname, os_username, NIC name, disk names (normalised to
     ``/dev/…``, no duplicates), pool type against the disk count, Debian release (→ its major
-    number), arch, install method, mirror and HTTP proxy.
+    number), arch, install method, mirror, HTTP proxy and SSH public keys.
     """
     vendor = check_vendor(spec.vendor)
     if spec.hostname and not _HOSTNAME.match(spec.hostname):
@@ -140,6 +160,7 @@ def validate_provision(spec: ProvisionSpec) -> ProvisionSpec:
             "debian_version": major,
             "mirror": _check_mirror(spec.mirror) if spec.mirror else "",
             "http_proxy": _check_url(spec.http_proxy, "http_proxy") if spec.http_proxy else "",
+            "ssh_authorized_keys": check_ssh_keys(spec.ssh_authorized_keys),
         }
     )
 

@@ -70,6 +70,11 @@ class ProvisionRequest(BaseModel):
     controlnode_host: str = PField("", description="Callback host the installer uses (default: public URL)")
     controlnode_port: str = PField("", description="Callback port")
     device_id: int | None = PField(None, description=NO_EFFECT)
+    ssh_authorized_keys: list[str] = PField(
+        default_factory=list,
+        max_length=16,
+        description="OpenSSH public keys (one per item) authorized for os_username on the installed system",
+    )
     install_method: Literal["image", "preseed"] | None = PField(
         None,
         description="image: a live environment writes a prebuilt Debian root filesystem (complete and "

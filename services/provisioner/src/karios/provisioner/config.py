@@ -80,6 +80,15 @@ class ProvisionerConfig(BaseSettings):
     install_method: Literal["image", "preseed"] = Field(
         "image", description="How a provision installs the OS when the request names no install_method"
     )
+    image_mirror: str = Field(
+        "", description="Debian mirror URL image builds (mmdebstrap) use (default: mirror_host/mirror_dir)"
+    )
+    image_proxy: str = Field("", description="HTTP proxy for image builds (default: mirror_proxy)")
+    image_url: str = Field(
+        "",
+        description="Base URL install targets fetch /images/ from, when they reach the provisioner "
+        "at another address than BMCs do (default: media_url)",
+    )
     images_dir: Path | None = Field(
         None,
         description="Prepared base artifacts of the install methods, served at /images/ "

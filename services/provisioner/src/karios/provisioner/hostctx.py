@@ -57,7 +57,7 @@ def _callback_base(cfg: ProvisionerConfig, cmd: StartProvision) -> str:
 
 def _image_url(cfg: ProvisionerConfig, method: InstallMethod, suite: str) -> str:
     path = getattr(method, "image_path", None)
-    return f"{cfg.media_url.rstrip('/')}/images/{path(suite)}" if path else ""
+    return f"{(cfg.image_url or cfg.media_url).rstrip('/')}/images/{path(suite)}" if path else ""
 
 
 async def host_context(
@@ -86,6 +86,7 @@ async def host_context(
         static=await static_address(bus, cmd),
         nameservers=list(cfg.nameservers),
         kernel_args=gpu_kernel_args(spec.gpu_passthrough),
+        ssh_authorized_keys=list(spec.ssh_authorized_keys),
         serial_console=serial_console_for(cfg, spec.vendor),
         suite=suite,
         major=major,

@@ -15,7 +15,10 @@ from passlib.hash import sha512_crypt
 
 from karios.common.contracts.provision import POOL_TYPES, check_pool
 from karios.common.errors import ValidationFailed
+from karios.common.provisioning import gpu_kernel_args, normalize_disk
 from karios.provisioner.install import INSTALL_STAGES, HostContext  # HostContext: kept importable from here
+
+__all__ = ["HostContext", "gpu_kernel_args", "normalize_disk", "raid_layout", "render_media_files"]
 
 _ENV = Environment(
     loader=PackageLoader("karios.provisioner", "templates"),
@@ -24,11 +27,6 @@ _ENV = Environment(
     autoescape=False,  # noqa: S701 - preseed/shell text, never HTML
 )
 
-_HOSTNAME = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
-_DISK = re.compile(r"^[A-Za-z0-9/_.:-]{1,200}$")
-_NIC = re.compile(r"^[A-Za-z0-9_.:-]{1,32}$")
-_PCI_ID = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$")
-_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _SERIAL = re.compile(r"^ttyS(?P<unit>[0-9]{1,2})(?:,(?P<speed>[0-9]{3,7})(?:[noe][5-8]?)?)?$")
 _LINE_SAFE = re.compile(r"^[^\x00-\x1f\x7f]*$")
 # Seconds a callback is retried before the installer gives it up (and logs that it did).
@@ -49,13 +47,6 @@ class RaidLevel:
 RAID_MAP: dict[str, RaidLevel] = {name: RaidLevel(name, *row) for name, row in POOL_TYPES.items()}
 
 
-def normalize_disk(disk: str) -> str:
-    d = disk.strip()
-    if not _DISK.match(d) or ".." in d:
-        raise ValidationFailed(f"selected_disks: {disk!r} is not a disk name", field="selected_disks")
-    return d if d.startswith("/dev/") else f"/dev/{d}"
-
-
 def raid_layout(pool_type: str, disks: list[str]) -> tuple[RaidLevel, list[str]]:
     """Validate ``pool_type`` against the disk count; return the level and normalized disks."""
     devs = [normalize_disk(d) for d in disks]
@@ -65,59 +56,9 @@ def raid_layout(pool_type: str, disks: list[str]) -> tuple[RaidLevel, list[str]]
     return RAID_MAP[name], devs
 
 
-def gpu_kernel_args(gpu: Any) -> list[str]:
-    """``gpu_passthrough`` → kernel arguments (IOMMU on, vfio-pci claims the listed ids).
-
-    Accepted forms: true/false, a list of ``vendor:device`` ids, or an object with
-    ``enabled`` (default true), ``device_ids``/``ids`` and optional ``iommu`` ("intel"/"amd"/"both").
-    """
-    if gpu in (None, False, "", {}, []):
-        return []
-    ids: list[str] = []
-    iommu = "both"
-    if gpu is True:
-        pass
-    elif isinstance(gpu, list):
-        ids = [str(x) for x in gpu]
-    elif isinstance(gpu, dict):
-        if gpu.get("enabled") is False:
-            return []
-        ids = [str(x) for x in (gpu.get("device_ids") or gpu.get("ids") or [])]
-        iommu = str(gpu.get("iommu") or "both")
-    else:
-        raise ValidationFailed(
-            "gpu_passthrough: expected true, a list of ids or an object", field="gpu_passthrough"
-        )
-    for i in ids:
-        if not _PCI_ID.match(i):
-            raise ValidationFailed(
-                f"gpu_passthrough: {i!r} is not a vendor:device PCI id", field="gpu_passthrough"
-            )
-    if iommu not in ("intel", "amd", "both"):
-        raise ValidationFailed("gpu_passthrough: iommu must be intel, amd or both", field="gpu_passthrough")
-    args = []
-    if iommu in ("intel", "both"):
-        args.append("intel_iommu=on")
-    if iommu in ("amd", "both"):
-        args.append("amd_iommu=on")
-    args.append("iommu=pt")
-    if ids:
-        args.append("vfio-pci.ids=" + ",".join(i.lower() for i in ids))
-    return args
-
-
 def hash_password(password: str, *, salt: str | None = None) -> str:
     """SHA-512 crypt, the form ``passwd/user-password-crypted`` takes."""
     return sha512_crypt.using(rounds=5000, **({"salt": salt} if salt else {})).hash(password)
-
-
-def validate_host(hostname: str, os_username: str, nic: str) -> None:
-    if hostname and not _HOSTNAME.match(hostname):
-        raise ValidationFailed("hostname: use lowercase letters, digits and '-' (max 63)", field="hostname")
-    if not _USER.match(os_username):
-        raise ValidationFailed("os_username: not a valid Linux user name", field="os_username")
-    if nic and nic != "auto" and not _NIC.match(nic):
-        raise ValidationFailed("selected_nic: not an interface name", field="selected_nic")
 
 
 def partition(disk: str, n: int) -> str:

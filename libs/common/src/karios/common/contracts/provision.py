@@ -42,6 +42,7 @@ class ProvisionSpec(BaseModel):
     controlnode_port: str = ""
     device_id: int | None = None
     # None: the provisioner's default (KARIOS_PROVISIONER_INSTALL_METHOD); unprovision always wipes.
+    ssh_authorized_keys: list[str] = Field(default_factory=list)  # OpenSSH public keys for os_username
     install_method: str | None = None  # image | preseed
     mirror: str = ""  # host[:port]/dir of the Debian archive for this install ("" = deployment default)
     http_proxy: str = ""  # HTTP proxy the installer downloads through ("" = deployment default)

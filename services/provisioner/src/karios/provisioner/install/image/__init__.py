@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import replace
-from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from karios.common.errors import PermanentFailure
 from karios.provisioner.install import INSTALL_STAGES, HostContext, Medium, Stage
 from karios.provisioner.install.live import (
-    ImageSettings,
+    LiveMethod,
     as_list,
     dev_paths,
-    live_images_for,
     net_env,
     script_environment,
 )
@@ -72,18 +70,11 @@ def stage_percents(stages: tuple[Stage, ...]) -> dict[str, int]:
     return {s.key: s.percent for s in stages}
 
 
-class ImageMethod:
+class ImageMethod(LiveMethod):
     """:class:`~karios.provisioner.install.InstallMethod` ``image``."""
 
     name = "image"
     stages = INSTALL_STAGES
-
-    def __init__(self, cfg: Any, settings: ImageSettings | None = None) -> None:
-        self.settings = settings or ImageSettings()
-        self.images = live_images_for(cfg, self.settings)
-
-    def tools_missing(self) -> list[str]:
-        return self.images.tools_missing()
 
     def prepare(self, major: str, suite: str) -> None:
         self.images.build(suite)

@@ -29,8 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import ChoiceLoader, Environment, PackageLoader, StrictUndefined
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from karios.common.errors import PermanentFailure
 
@@ -128,18 +126,21 @@ def net_env(nic_mac: str, static: dict[str, Any] | None, nameservers: list[str])
     return "\n".join(lines) + "\n"
 
 
-class ImageSettings(BaseSettings):
-    """Settings of the live images (``KARIOS_PROVISIONER_IMAGE_*``), built with the method."""
+@dataclass(frozen=True)
+class ImageSettings:
+    """The image settings of the provisioner config (``KARIOS_PROVISIONER_IMAGE_MIRROR/_PROXY/_URL``)."""
 
-    model_config = SettingsConfigDict(env_prefix="KARIOS_PROVISIONER_IMAGE_", extra="ignore")
+    mirror: str = ""  # Debian mirror URL image builds use ("" = mirror_host/dir)
+    proxy: str = ""  # HTTP proxy for image builds ("" = mirror_proxy)
+    url: str = ""  # base URL targets fetch /images/ from ("" = media_url)
 
-    mirror: str = Field("", description="Debian mirror URL image builds use (default: mirror_host/dir)")
-    proxy: str = Field("", description="HTTP proxy for image builds (default: mirror_proxy)")
-    url: str = Field(
-        "",
-        description="Base URL install targets fetch /images/ from, when they reach the provisioner "
-        "at another address than BMCs do (default: media_url)",
-    )
+    @classmethod
+    def from_config(cls, cfg: Any) -> ImageSettings:
+        return cls(
+            mirror=getattr(cfg, "image_mirror", ""),
+            proxy=getattr(cfg, "image_proxy", ""),
+            url=getattr(cfg, "image_url", ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -296,3 +297,14 @@ def live_images_for(cfg: Any, settings: ImageSettings) -> LiveImages:
         getattr(cfg, "mirror_proxy", ""),
     )
     return LiveImages(images_dir, source)
+
+
+class LiveMethod:
+    """What the methods booting the live environment share: its images and their settings."""
+
+    def __init__(self, cfg: Any, settings: ImageSettings | None = None) -> None:
+        self.settings = settings or ImageSettings.from_config(cfg)
+        self.images = live_images_for(cfg, self.settings)
+
+    def tools_missing(self) -> list[str]:
+        return self.images.tools_missing()

@@ -27,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--mirror", default="", help="e.g. http://127.0.0.1:3142/debian")
     b.add_argument("--proxy", default="", help="HTTP proxy for apt, e.g. http://127.0.0.1:3142")
     args = parser.parse_args(argv)
-    env = ImageSettings()
+    from karios.provisioner.config import ProvisionerConfig
+
+    env = ImageSettings.from_config(ProvisionerConfig())
     source = AptSource(mirror=args.mirror or env.mirror, proxy=args.proxy or env.proxy)
     images = LiveImages(args.out, source)
     try:

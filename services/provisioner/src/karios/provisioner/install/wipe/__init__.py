@@ -8,15 +8,12 @@ its result before ``wiped`` and ``complete``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from karios.common.errors import PermanentFailure
 from karios.provisioner.install import WIPE_STAGES, HostContext, Medium
 from karios.provisioner.install.image import LIVE_KERNEL_ARGS, stage_percents
 from karios.provisioner.install.live import (
-    ImageSettings,
+    LiveMethod,
     dev_paths,
-    live_images_for,
     net_env,
     script_environment,
 )
@@ -24,18 +21,11 @@ from karios.provisioner.install.live import (
 _SCRIPTS = script_environment("karios.provisioner.install.wipe")
 
 
-class WipeMethod:
+class WipeMethod(LiveMethod):
     """:class:`~karios.provisioner.install.InstallMethod` ``wipe``."""
 
     name = "wipe"
     stages = WIPE_STAGES
-
-    def __init__(self, cfg: Any, settings: ImageSettings | None = None) -> None:
-        self.settings = settings or ImageSettings()
-        self.images = live_images_for(cfg, self.settings)
-
-    def tools_missing(self) -> list[str]:
-        return self.images.tools_missing()
 
     def prepare(self, major: str, suite: str) -> None:
         self.images.build(suite, with_root=False)
