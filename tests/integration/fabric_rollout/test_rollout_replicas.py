@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from karios.api_gateway.app import create_app as gateway_app
-from karios.common.contracts.fabric import CancelFabricApply
+from karios.common.contracts.fabric_rollout import CancelFabricApply
 from karios.common.errors import Conflict, NotFound
 from karios.fabric_worker.app import create_app as worker_app
 from karios.fabric_worker.rollout.apply import cancel, check_apply

@@ -12,9 +12,9 @@ from faststream.nats import TestNatsBroker
 from karios.common.bus.envelope import wrap
 from karios.common.bus.runtime import Bus
 from karios.common.contracts.base import Contract, Reply
-from karios.common.contracts.fabric import (
+from karios.common.contracts.fabric import FabricPlanRequest
+from karios.common.contracts.fabric_rollout import (
     CancelFabricApply,
-    FabricPlanRequest,
     FabricPreflightRequest,
     PostdeployQuery,
     PreflightOverride,

@@ -4,34 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import os
-import signal
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
-from karios.cli.embedded import EmbeddedNats, EmbeddedPostgres, die_with_parent
 from karios.cli.services import SERVICES
-from karios.cli.supervisor import Child, CrashLoop, CrashPolicy, Supervisor
-
-
-def _state_dir() -> Path:
-    from karios.common.settings import default_state_dir
-
-    return Path(os.environ["KARIOS_STATE_DIR"]) if os.environ.get("KARIOS_STATE_DIR") else default_state_dir()
-
-
-def _persisted_secret(path: Path, make) -> str:  # type: ignore[no-untyped-def]
-    if path.exists():
-        return path.read_text().strip()
-    value = make()
-    path.write_text(value + "\n")
-    path.chmod(0o600)
-    return value
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -60,130 +37,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], deadline: float) -> None:
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 (our own 127.0.0.1 URL)
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("not ready in time")
-
-
-def _up_env(state: Path) -> tuple[dict[str, str], str]:
-    """The services' environment (dev mode, persisted key and admin token) and the admin token."""
-    env = dict(os.environ)
-    env.setdefault("KARIOS_DEV_MODE", "1")
-    env["KARIOS_STATE_DIR"] = str(state)
-    env.setdefault(
-        "KARIOS_SECRET_KEY",
-        _persisted_secret(state / "secret.key", lambda: base64.b64encode(os.urandom(32)).decode()),
-    )
-    admin_token = env.get("KARIOS_BOOTSTRAP_ADMIN_TOKEN") or _persisted_secret(
-        state / "admin.token", lambda: "kt_" + base64.urlsafe_b64encode(os.urandom(32)).decode().rstrip("=")
-    )
-    env["KARIOS_BOOTSTRAP_ADMIN_TOKEN"] = admin_token
-    return env, admin_token
-
-
-# One function on purpose: start-up, the supervision loop and the clean stop share the
-# `shutdown` closure and its once-only guard (a second signal must not cut the stop short).
 def cmd_up(args: argparse.Namespace) -> int:
-    t0 = time.monotonic()
-    state = _state_dir()
-    state.mkdir(parents=True, exist_ok=True)
-    env, admin_token = _up_env(state)
+    from karios.cli.up import Up, state_dir
 
-    nats = pg = None
-    logs = state / "logs"
-    logs.mkdir(exist_ok=True)
-    sup = Supervisor(env, logs, preexec=die_with_parent)
-    stopping = False
-
-    def shutdown(*_a: object) -> None:
-        nonlocal stopping
-        if stopping:
-            return
-        stopping = True
-        # A second Ctrl-C/SIGTERM (uv and `timeout` both forward signals) must not cut the stop short.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        print("\nkarios: stopping…", flush=True)
-        sup.stop_all()
-        if nats:
-            nats.stop()
-        if pg:
-            pg.stop()
-        print("karios: stopped", flush=True)
-
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
-        if not env.get("KARIOS_NATS_URL"):
-            nats = EmbeddedNats(state)
-            env["KARIOS_NATS_URL"] = nats.start()
-        if not env.get("KARIOS_DATABASE_URL"):
-            pg = EmbeddedPostgres(state)
-            env["KARIOS_DATABASE_URL"] = pg.start()
-        from karios.common.db.migrate import ensure_database
-        from karios.common.settings import KariosSettings
-
-        asyncio.run(ensure_database(env["KARIOS_DATABASE_URL"]))
-        settings = KariosSettings(_env_file=None, **{"dev_mode": True})  # ports/host as configured
-        host = env.get("KARIOS_HOST", settings.host)
-        urls = {}
-        for name, spec in SERVICES.items():
-            port = int(env.get(f"KARIOS_{spec.port_setting.upper()}", getattr(settings, spec.port_setting)))
-            urls[name] = f"http://{host}:{port}"
-            sup.add(
-                Child(
-                    name,
-                    [sys.executable, "-m", "karios.cli", "run", name],
-                    logs / f"{name}.log",
-                    f"{urls[name]}/readyz",
-                    policy=CrashPolicy(max_crashes=args.max_crashes, window=args.crash_window),
-                )
-            )
-        sup.start_all()
-        deadline = time.monotonic() + args.timeout
-        for name, child in sup.children.items():
-            assert child.proc is not None
-            try:
-                _wait_ready(child.ready_url, child.proc, deadline)
-            except RuntimeError as exc:
-                print(f"karios: {name} failed to start: {exc}; see {child.log_path}", file=sys.stderr)
-                shutdown()
-                return 1
-            print(f"  {name:14s} ready  {urls[name]}", flush=True)
-        _print_ready(t0, state, env, host, urls["api-gateway"], admin_token)
-        while True:
-            try:
-                sup.poll()
-            except CrashLoop:
-                shutdown()
-                return 1
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        shutdown()
-        return 0
-    except Exception:
-        shutdown()
-        raise
-
-
-def _print_ready(t0: float, state: Path, env: dict[str, str], host: str, gw: str, token: str) -> None:
-    print(
-        f"\nkarios: all services ready in {time.monotonic() - t0:.1f}s (state in {state})\n"
-        f"  NATS      {env['KARIOS_NATS_URL']}\n"
-        f"  API       {gw}/docs\n"
-        f"  admin token (dev mode): {token}\n"
-        f"  events:   curl -N -H 'Authorization: Bearer {token}' {gw}/controlnode/events\n"
-        "A crashed service is restarted (see logs/karios.log). Ctrl-C stops everything.",
-        flush=True,
-    )
+    return Up(args, state_dir()).run()
 
 
 def cmd_token(args: argparse.Namespace) -> int:

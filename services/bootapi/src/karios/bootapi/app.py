@@ -7,20 +7,17 @@ Contract: ``../shared/seeds/003_030e9310165fcfbd.txt`` (summarised in ``docs/boo
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Query, Request
-from fastapi import Path as PathParam
-from fastapi.responses import PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi import FastAPI
 
+from karios.bootapi.handlers import router, wire
 from karios.bootapi.hosts import BusHostSource, CachedHostSource, HostSource
 from karios.bootapi.metrics import BootapiMetrics
 from karios.bootapi.server import BootServer
 from karios.bootapi.settings import BootapiSettings
 from karios.bootapi.templatesync import GitTemplateSync, TemplateStore
-from karios.common.contracts.inventory import DeviceChanged
 from karios.common.http import install_error_handlers
 from karios.common.oscatalog import TemplateSetError, default_set_dir, load_template_set
 from karios.common.service import ServiceRuntime
@@ -28,7 +25,6 @@ from karios.common.settings import KariosSettings
 from karios.common.telemetry import get_logger
 
 SERVICE = "bootapi"
-TEXT = "text/plain; charset=utf-8"
 log = get_logger(__name__)
 
 DESCRIPTION = """\
@@ -102,8 +98,6 @@ def create_app(
     boot = boot_settings or BootapiSettings()
     metrics = BootapiMetrics()
     rt = ServiceRuntime(SERVICE, settings, registry=metrics.registry, use_bus=host_source is None)
-    subjects = rt.bus.subjects
-
     store = TemplateStore(metrics)
     initial_templates(boot, store)
     hosts = CachedHostSource(
@@ -128,23 +122,32 @@ def create_app(
         if boot.template_git_url
         else None
     )
-
-    async def on_device_changed(event: DeviceChanged) -> None:
-        dropped = hosts.invalidate(device_id=event.device_id, name=event.name, macs=event.macs)
-        log.debug("host cache invalidated", device=event.name, dropped=dropped)
-
     if host_source is None:
-        # Every replica (no queue group) drops its own cache entries.
-        rt.bus.broadcast_handler(
-            subjects.events_of_fact("inventory", "device.changed"), DeviceChanged, on_device_changed
-        )
+        wire(rt.bus, hosts)
+    lifespan = _lifespan(rt, server, sync)
+    app = FastAPI(title="Karios bootapi", description=DESCRIPTION, version="0.1.0", lifespan=lifespan)
+    app.state.runtime, app.state.server, app.state.store, app.state.hosts = rt, server, store, hosts
+    app.state.sync = sync
+    install_error_handlers(app)
+    app.add_middleware(RequestCounter, metrics=metrics)
+    app.include_router(router)
+    return app
 
+
+def _lifespan(
+    rt: ServiceRuntime, server: BootServer, sync: GitTemplateSync | None
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await rt.start()
         if sync is not None:
             sync.start()
-        log.info("service started", service=SERVICE, templates=store.get().origin, fallback=server.fallback)
+        log.info(
+            "service started",
+            service=SERVICE,
+            templates=server.templates.get().origin,
+            fallback=server.fallback,
+        )
         try:
             yield
         finally:
@@ -152,89 +155,7 @@ def create_app(
                 await sync.stop()
             await rt.stop()
 
-    app = FastAPI(title="Karios bootapi", description=DESCRIPTION, version="0.1.0", lifespan=lifespan)
-    app.state.runtime, app.state.server, app.state.store, app.state.hosts = rt, server, store, hosts
-    app.state.sync = sync
-    install_error_handlers(app)
-    app.add_middleware(RequestCounter, metrics=metrics)
-
-    ipxe_doc = {
-        200: {"content": {"text/plain": {}}, "description": "An iPXE script (installer or fallback)."}
-    }
-    text_doc = {
-        200: {"content": {"text/plain": {}}, "description": "Rendered kickstart or preseed."},
-        404: {"description": "Unknown host (or no catalog entry for it)."},
-        502: {"description": "The inventory failed."},
-    }
-
-    @app.get("/ipxe/{mac}", response_class=PlainTextResponse, responses=ipxe_doc, tags=["boot"])
-    async def ipxe(
-        mac: str = PathParam(
-            description="MAC with `:`/`-`/`.` separators or bare hex; a trailing `.ipxe` is stripped."
-        ),
-    ) -> PlainTextResponse:
-        """iPXE boot script for the host owning ``mac``; never 404 (fallback script instead)."""
-        return PlainTextResponse(await server.ipxe_script(mac), media_type=TEXT)
-
-    @app.get("/boot/ipxe", response_class=PlainTextResponse, responses=ipxe_doc, tags=["boot"])
-    async def boot_ipxe(
-        mac: str | None = Query(None, description="MAC in any notation."),
-    ) -> PlainTextResponse:
-        """Query-string alias of ``/ipxe/{mac}``."""
-        return PlainTextResponse(await server.ipxe_script(mac), media_type=TEXT)
-
-    @app.get("/ks/{ident}", response_class=PlainTextResponse, responses=text_doc, tags=["boot"])
-    async def install_config(
-        ident: str = PathParam(description="MAC (auto-detected) or hostname; `.ks`/`.cfg` stripped."),
-    ) -> PlainTextResponse:
-        """Rendered kickstart (RHEL family) or preseed (Debian) for the host."""
-        return PlainTextResponse(await server.install_config(ident), media_type=TEXT)
-
-    @app.post(
-        "/provisioned/{ident}",
-        status_code=204,
-        tags=["boot"],
-        responses={
-            204: {"description": "pxe_enabled cleared."},
-            401: {"description": "Missing or wrong token."},
-            404: {"description": "Unknown host."},
-            503: {"description": "No provision token configured."},
-            502: {"description": "The inventory write failed."},
-        },
-    )
-    async def provisioned(
-        request: Request, ident: str = PathParam(description="MAC or hostname.")
-    ) -> Response:
-        """End-of-install callback: turns the host's PXE gate off.
-
-        Token: ``Authorization: Bearer <token>`` or a bare ``token`` header.
-        """
-        await server.provisioned(ident, request.headers)
-        return Response(status_code=204)
-
-    @app.get("/healthz", response_class=PlainTextResponse, tags=["ops"])
-    async def healthz() -> PlainTextResponse:
-        """Liveness: always ``200 ok``."""
-        return PlainTextResponse("ok\n", media_type=TEXT)
-
-    @app.get(
-        "/readyz",
-        response_class=PlainTextResponse,
-        tags=["ops"],
-        responses={503: {"description": "No template set parsed yet."}},
-    )
-    async def readyz() -> PlainTextResponse:
-        """Readiness: 200 once a template set is parsed. Does not probe the inventory or NetBox."""
-        if not store.ready:
-            return PlainTextResponse("templates not loaded\n", status_code=503, media_type=TEXT)
-        return PlainTextResponse(f"ok generation={store.generation}\n", media_type=TEXT)
-
-    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
-    async def metrics_endpoint() -> Response:
-        """Prometheus metrics (``bootapi_*``)."""
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app
+    return lifespan
 
 
 def openapi_document() -> dict[str, Any]:

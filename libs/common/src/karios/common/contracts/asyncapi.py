@@ -14,6 +14,7 @@ from karios.common.contracts.base import CONTRACTS
 CONTRACT_MODULES = (
     "karios.common.contracts.inventory",
     "karios.common.contracts.fabric",
+    "karios.common.contracts.fabric_rollout",
     "karios.common.contracts.provision",
     "karios.common.bus.runtime",
 )

@@ -20,7 +20,7 @@ from sqlmodel import select
 
 from karios.api_gateway.auth import Principal, Role, require
 from karios.api_gateway.readmodel import JobRow
-from karios.common.contracts.fabric import (
+from karios.common.contracts.fabric_rollout import (
     ApplyAccepted,
     BatchNodePostdeploy,
     BatchPostdeploy,

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from karios.common.bus.runtime import HandlerContext
-from karios.common.contracts.fabric import (
+from karios.common.contracts.fabric_rollout import (
     ApplyAccepted,
     CancelAccepted,
     CancelFabricApply,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 from datetime import UTC, datetime
 
-from karios.common.contracts.fabric import (
+from karios.common.contracts.fabric_rollout import (
     FabricPreflightRequest,
     FabricPreflightResult,
     PostdeployQuery,

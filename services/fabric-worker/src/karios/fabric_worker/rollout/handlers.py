@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from karios.common.contracts.fabric import (
+from karios.common.contracts.fabric_rollout import (
     CancelFabricApply,
     FabricLatestQuery,
     FabricPreflightRequest,

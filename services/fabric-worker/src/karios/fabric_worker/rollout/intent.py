@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from karios.common.contracts.fabric import VtepPoolHeadroom
+from karios.common.contracts.fabric_rollout import VtepPoolHeadroom
 from karios.fabric_worker.config.pool import VtepPool
 
 

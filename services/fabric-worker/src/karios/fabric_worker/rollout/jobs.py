@@ -15,7 +15,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
-from karios.common.contracts.fabric import FabricRolloutEvent
+from karios.common.contracts.fabric_rollout import FabricRolloutEvent
 from karios.common.errors import Conflict, NotFound
 from karios.fabric_worker.rollout.facts import NodeFacts
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, NodeTarget

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel
 
-from karios.common.contracts.fabric import PreflightBlocker
+from karios.common.contracts.fabric_rollout import PreflightBlocker
 
 
 class NodeSeen(BaseModel):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
-from karios.common.contracts.fabric import PreflightBlocker, VtepPoolHeadroom
+from karios.common.contracts.fabric_rollout import PreflightBlocker, VtepPoolHeadroom
 from karios.common.errors import KariosError
 from karios.fabric_worker.rollout import judge
 from karios.fabric_worker.rollout.errors import HostKeyChanged

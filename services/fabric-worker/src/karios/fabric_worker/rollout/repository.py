@@ -21,7 +21,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
-from karios.common.contracts.fabric import DeleteResult, FabricJobView, PreflightOverride
+from karios.common.contracts.fabric import DeleteResult
+from karios.common.contracts.fabric_rollout import FabricJobView, PreflightOverride
 from karios.common.errors import Conflict, NotFound
 from karios.fabric_worker.config import store
 from karios.fabric_worker.models import (

@@ -21,7 +21,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from karios.common.bus.runtime import HandlerContext
-from karios.common.contracts.fabric import FabricConfigView, FabricRolloutEvent, RolloutStatus
+from karios.common.contracts.fabric import FabricConfigView
+from karios.common.contracts.fabric_rollout import FabricRolloutEvent, RolloutStatus
 from karios.common.contracts.inventory import NodeAccess, NodeAccessQuery
 from karios.common.crypto import SecretBox
 from karios.common.errors import ServiceUnavailable

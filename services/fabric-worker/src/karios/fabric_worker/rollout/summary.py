@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from karios.common.contracts.fabric import (
+from karios.common.contracts.fabric_rollout import (
     FabricJobNodeView,
     FabricJobView,
     JobStatus,

@@ -8,12 +8,8 @@ import contextlib
 import uuid
 
 from karios.common.bus.runtime import HandlerContext
-from karios.common.contracts.fabric import (
-    DeleteResult,
-    NodeTeardownView,
-    StartFabricTeardown,
-    TeardownFabricNode,
-)
+from karios.common.contracts.fabric import DeleteResult
+from karios.common.contracts.fabric_rollout import NodeTeardownView, StartFabricTeardown, TeardownFabricNode
 from karios.common.errors import KariosError, NotFound, ServiceUnavailable
 from karios.common.telemetry import get_logger
 from karios.fabric_worker.models import FabricJobRow

@@ -1,0 +1,183 @@
+"""``karios up``: the whole system on this machine — embedded NATS and PostgreSQL (unless
+configured), every service as a supervised child, a clean stop on Ctrl-C/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from karios.cli.embedded import EmbeddedNats, EmbeddedPostgres, die_with_parent
+from karios.cli.services import SERVICES
+from karios.cli.supervisor import Child, CrashLoop, CrashPolicy, Supervisor
+
+
+def state_dir() -> Path:
+    from karios.common.settings import default_state_dir
+
+    return Path(os.environ["KARIOS_STATE_DIR"]) if os.environ.get("KARIOS_STATE_DIR") else default_state_dir()
+
+
+def _persisted_secret(path: Path, make) -> str:  # type: ignore[no-untyped-def]
+    if path.exists():
+        return path.read_text().strip()
+    value = make()
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+    return value
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 (our own 127.0.0.1 URL)
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("not ready in time")
+
+
+def _up_env(state: Path) -> tuple[dict[str, str], str]:
+    """The services' environment (dev mode, persisted key and admin token) and the admin token."""
+    env = dict(os.environ)
+    env.setdefault("KARIOS_DEV_MODE", "1")
+    env["KARIOS_STATE_DIR"] = str(state)
+    env.setdefault(
+        "KARIOS_SECRET_KEY",
+        _persisted_secret(state / "secret.key", lambda: base64.b64encode(os.urandom(32)).decode()),
+    )
+    admin_token = env.get("KARIOS_BOOTSTRAP_ADMIN_TOKEN") or _persisted_secret(
+        state / "admin.token", lambda: "kt_" + base64.urlsafe_b64encode(os.urandom(32)).decode().rstrip("=")
+    )
+    env["KARIOS_BOOTSTRAP_ADMIN_TOKEN"] = admin_token
+    return env, admin_token
+
+
+def _print_ready(t0: float, state: Path, env: dict[str, str], host: str, gw: str, token: str) -> None:
+    print(
+        f"\nkarios: all services ready in {time.monotonic() - t0:.1f}s (state in {state})\n"
+        f"  NATS      {env['KARIOS_NATS_URL']}\n"
+        f"  API       {gw}/docs\n"
+        f"  admin token (dev mode): {token}\n"
+        f"  events:   curl -N -H 'Authorization: Bearer {token}' {gw}/controlnode/events\n"
+        "A crashed service is restarted (see logs/karios.log). Ctrl-C stops everything.",
+        flush=True,
+    )
+
+
+class Up:
+    """One ``karios up`` run: start-up, the supervision loop and the clean stop share the
+    embedded servers, the supervisor and the once-only stop guard (a second signal must not cut
+    the stop short)."""
+
+    def __init__(self, args: argparse.Namespace, state: Path) -> None:
+        self.args, self.state, self.t0 = args, state, time.monotonic()
+        state.mkdir(parents=True, exist_ok=True)
+        self.env, self.admin_token = _up_env(state)
+        self.logs = state / "logs"
+        self.logs.mkdir(exist_ok=True)
+        self.sup = Supervisor(self.env, self.logs, preexec=die_with_parent)
+        self.nats: EmbeddedNats | None = None
+        self.pg: EmbeddedPostgres | None = None
+        self.stopping = False
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        try:
+            self._start_backends()
+            host, urls = self._add_services()
+            self.sup.start_all()
+            if not self._wait_all_ready(urls):
+                self.shutdown()
+                return 1
+            _print_ready(self.t0, self.state, self.env, host, urls["api-gateway"], self.admin_token)
+            return self._supervise()
+        except KeyboardInterrupt:
+            self.shutdown()
+            return 0
+        except Exception:
+            self.shutdown()
+            raise
+
+    def shutdown(self, *_a: object) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        # A second Ctrl-C/SIGTERM (uv and `timeout` both forward signals) must not cut the stop short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("\nkarios: stopping…", flush=True)
+        self.sup.stop_all()
+        if self.nats:
+            self.nats.stop()
+        if self.pg:
+            self.pg.stop()
+        print("karios: stopped", flush=True)
+
+    def _start_backends(self) -> None:
+        """Embedded NATS / PostgreSQL unless the environment names servers; the database exists."""
+        if not self.env.get("KARIOS_NATS_URL"):
+            self.nats = EmbeddedNats(self.state)
+            self.env["KARIOS_NATS_URL"] = self.nats.start()
+        if not self.env.get("KARIOS_DATABASE_URL"):
+            self.pg = EmbeddedPostgres(self.state)
+            self.env["KARIOS_DATABASE_URL"] = self.pg.start()
+        from karios.common.db.migrate import ensure_database
+
+        asyncio.run(ensure_database(self.env["KARIOS_DATABASE_URL"]))
+
+    def _add_services(self) -> tuple[str, dict[str, str]]:
+        """One supervised child per service; returns the host and each service's base URL."""
+        from karios.common.settings import KariosSettings
+
+        settings = KariosSettings(_env_file=None, **{"dev_mode": True})  # ports/host as configured
+        host = self.env.get("KARIOS_HOST", settings.host)
+        urls = {}
+        for name, spec in SERVICES.items():
+            port = int(
+                self.env.get(f"KARIOS_{spec.port_setting.upper()}", getattr(settings, spec.port_setting))
+            )
+            urls[name] = f"http://{host}:{port}"
+            self.sup.add(
+                Child(
+                    name,
+                    [sys.executable, "-m", "karios.cli", "run", name],
+                    self.logs / f"{name}.log",
+                    f"{urls[name]}/readyz",
+                    policy=CrashPolicy(max_crashes=self.args.max_crashes, window=self.args.crash_window),
+                )
+            )
+        return host, urls
+
+    def _wait_all_ready(self, urls: dict[str, str]) -> bool:
+        deadline = time.monotonic() + self.args.timeout
+        for name, child in self.sup.children.items():
+            assert child.proc is not None
+            try:
+                _wait_ready(child.ready_url, child.proc, deadline)
+            except RuntimeError as exc:
+                print(f"karios: {name} failed to start: {exc}; see {child.log_path}", file=sys.stderr)
+                return False
+            print(f"  {name:14s} ready  {urls[name]}", flush=True)
+        return True
+
+    def _supervise(self) -> int:
+        """Restart crashed children until a crash loop (exit 1) or a signal (KeyboardInterrupt)."""
+        while True:
+            try:
+                self.sup.poll()
+            except CrashLoop:
+                self.shutdown()
+                return 1
+            time.sleep(0.5)
