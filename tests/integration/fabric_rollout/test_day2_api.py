@@ -139,7 +139,7 @@ async def test_preflight_judges_and_the_apply_refuses_until_fixed_or_forced(api,
     assert (job["job_status"], job["completed_nodes"]) == ("completed", 3), job
     await sse.wait_for(job_id, "apply_completed")
     # Progress counts the node each event reports: the last node_ready says 100.
-    ready = [e["progress"] for e in sse.events if e["job_id"] == job_id and e["state"] == "node_ready"]
+    ready = [e["progress"] for e in sse.events if e.get("job_id") == job_id and e["state"] == "node_ready"]
     assert sorted(ready) == [33, 66, 100], ready
     await sse.close()
     # Default VNI set (10000) and one FRR log per instance (nodes share this filesystem).

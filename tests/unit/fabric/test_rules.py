@@ -180,6 +180,15 @@ MATRIX = [
     ),
     ("ospf_area", {"ospf_area": "0.0.0.1"}, None, {"ospf_area": "backbone"}, None, "ospf_area"),
     ("ospf_area integer", {"ospf_area": "10"}, None, {"ospf_area": "-1"}, None, "ospf_area"),
+    ("ospf_area long integer", {"ospf_area": "4294967295"}, None, {"ospf_area": "9" * 15}, None, "ospf_area"),
+    (
+        "key id without auth",
+        {"ospf_auth_key_id": 0},
+        None,
+        {"ospf_auth_key_id": 10**100},
+        None,
+        "ospf_auth_key_id",
+    ),
     (
         "hello range",
         {"ospf_hello_interval": 1},

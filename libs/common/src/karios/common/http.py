@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from karios.common.db.session import unavailable_database_error
@@ -17,6 +20,23 @@ from karios.common.telemetry import get_logger
 log = get_logger(__name__)
 
 ReadyCheck = Callable[[], Awaitable[dict[str, bool]]]
+
+
+class FieldError(BaseModel):
+    field: str = Field(description="Dotted path of the field ('' = the body as a whole)")
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    """The body of every 4xx/5xx answer (validation errors included)."""
+
+    code: str = Field(description="Stable error code, e.g. VALIDATION_FAILED, NOT_FOUND")
+    message: str = Field(description="Human message naming the field or the cause")
+    retryable: bool = False
+    field: str | None = Field(None, description="The field at fault, when one is")
+    errors: list[FieldError] | None = Field(None, description="Every invalid field (validation errors)")
+    details: Any = None
+    detail: Any = Field(None, description="FastAPI-compatible copy: the message, or the errors")
 
 
 def error_response(err: KariosError) -> JSONResponse:
@@ -52,6 +72,49 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     app.add_middleware(SafeErrors)
+    document_error_model(app)
+    runtime = getattr(app.state, "runtime", None)
+    settings = getattr(runtime, "settings", None)
+    limit = getattr(settings, "max_request_body", None) or DEFAULT_MAX_BODY
+    app.add_middleware(BodyLimit, max_bytes=limit)  # outermost: refuses before anything reads
+
+
+_FASTAPI_422 = "#/components/schemas/HTTPValidationError"
+
+
+def document_error_model(app: FastAPI) -> None:
+    """The OpenAPI document names :class:`ErrorResponse` where FastAPI puts its own 422 shape
+    (``HTTPValidationError``), which this edge never answers."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        if schemas.pop("HTTPValidationError", None) is not None:
+            schemas.pop("ValidationError", None)
+            error = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(error.pop("$defs", {}))
+            schemas["ErrorResponse"] = error
+            _replace_ref(doc["paths"], _FASTAPI_422, "#/components/schemas/ErrorResponse")
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _replace_ref(node: Any, old: str, new: str) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and value == old:
+                node[key] = new
+            else:
+                _replace_ref(value, old, new)
+    elif isinstance(node, list):
+        for item in node:
+            _replace_ref(item, old, new)
 
 
 def unexpected_error_response(path: str, exc: BaseException) -> JSONResponse:
@@ -101,6 +164,90 @@ class SafeErrors:
                 log.error("response failed mid-stream", path=scope.get("path"), cause=describe_for_log(exc))
                 return
             await unexpected_error_response(str(scope.get("path")), exc)(scope, receive, send)
+
+
+DEFAULT_MAX_BODY = 1024 * 1024
+
+
+class BodyLimit:
+    """ASGI middleware: a request body larger than ``max_bytes`` gets 413, whether announced by
+    ``Content-Length`` (refused before it is read) or sent chunked (refused once the count passes).
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    def too_large(self) -> JSONResponse:
+        message = f"request body too large: the limit is {self.max_bytes} bytes"
+        return JSONResponse(
+            status_code=413,
+            content={"code": "PAYLOAD_TOO_LARGE", "message": message, "retryable": False, "detail": message},
+            headers={"Connection": "close"},
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            if length.isdigit():
+                await _drain(receive, 0)
+                await self.too_large()(scope, receive, send)
+            else:
+                await _bad_length()(scope, receive, send)
+            return
+        seen = 0
+        started = answered = False
+
+        async def counting_receive() -> Message:
+            # Past the limit: answer 413 here, then tell the app the client left (whatever it
+            # makes of that is dropped by ``guarded_send``).
+            nonlocal seen, answered
+            message = await receive()
+            if message["type"] == "http.request" and not answered:
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    answered = True
+                    if not started:
+                        if message.get("more_body", False):
+                            await _drain(receive, seen)
+                        await self.too_large()(scope, receive, send)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if answered:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, counting_receive, guarded_send)
+
+
+#: Bytes of a refused body still read (and dropped) before answering 413: clients write the
+#: whole body before they read, and a server that closes with unread data resets the
+#: connection, so they would see a reset instead of the 413. Past this the connection is cut.
+DRAIN_MAX = 32 * 1024 * 1024
+
+
+async def _drain(receive: Receive, seen: int) -> None:
+    while seen <= DRAIN_MAX:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
+def _bad_length() -> JSONResponse:
+    message = "Content-Length: not a number"
+    return JSONResponse(
+        status_code=400,
+        content={"code": "BAD_REQUEST", "message": message, "field": "Content-Length", "detail": message},
+    )
 
 
 def add_ops_routes(app: FastAPI, ready: ReadyCheck, registry: CollectorRegistry) -> None:

@@ -66,6 +66,20 @@ class KariosSettings(BaseSettings):
             "(revocation reaches every replica at once by a broadcast; 0 = no cache)."
         ),
     )
+    max_request_body: int = Field(
+        1024 * 1024,
+        gt=0,
+        description="Largest request body (bytes) any HTTP service accepts; larger ones get 413.",
+    )
+    job_lost_after: float = Field(
+        240.0,
+        gt=0,
+        description="Seconds a job the gateway holds as live may go without an update before the reconcile "
+        "asks the provisioners and fails it if none knows it ('never reached a provisioner').",
+    )
+    job_reconcile_interval: float = Field(
+        30.0, gt=0, description="Seconds between two gateway job reconciles."
+    )
     max_deliver: int = Field(5, description="Deliveries before a command is dead-lettered.")
     retry_delay: float = Field(2.0, description="Seconds before a retryable failure is redelivered.")
     state_dir: Path = Field(

@@ -35,7 +35,12 @@ def create_app(settings: KariosSettings | None = None) -> FastAPI:
                 rt.db, "bootstrap-admin", Role.fabric_admin, settings.bootstrap_admin_token.get_secret_value()
             )
         await relay.start()
-        rt.state["projector"] = ProvisionProjector(rt.bus, rt.db)
+        rt.state["projector"] = ProvisionProjector(
+            rt.bus,
+            rt.db,
+            lost_after=settings.job_lost_after,
+            reconcile_every=settings.job_reconcile_interval,
+        )
         await rt.state["projector"].start()
 
     async def on_stop(_rt: ServiceRuntime) -> None:

@@ -12,7 +12,18 @@ from pydantic import Field as PField
 from sqlmodel import Field, SQLModel
 
 from karios.common.db import processed_messages_table
-from karios.common.netaddr import IPStr
+from karios.common.limits import (
+    BoundedIP,
+    Ident,
+    Int32Id,
+    IPText,
+    Label,
+    Name,
+    SafeText,
+    Secret,
+    Text,
+    Vendor,
+)
 from karios.common.provisioning import VENDORS
 
 SCHEMA = "gateway"
@@ -46,31 +57,35 @@ NO_EFFECT = "No effect: accepted for compatibility and kept in the job's metadat
 class ProvisionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    bmc_IP: IPStr = PField(
+    bmc_IP: BoundedIP = PField(
         description="BMC IP address (required; must be in the inventory); one running job per BMC"
     )
-    vendor: str = PField(description=f"BMC driver (required): {' | '.join(VENDORS)}")
-    hostname: str = PField("", description="OS hostname: lowercase letters, digits and '-' (max 63)")
-    debian_version: str = PField("12", description="12/bookworm or 13/trixie (the OS catalog's releases)")
-    arch: str = PField("amd64", description="Only amd64 media are built")
-    os_username: str = PField("debian", description="OS user created by the installer (a Linux user name)")
-    os_password: str | None = PField(None, description="OS password (default adminadmin); stored hashed only")
-    root_pass: str | None = PField(None, description="Root password; root login disabled when unset")
-    selected_disks: list[str] = PField(default_factory=list, description="Install disks (sda or /dev/sda)")
-    pool_type: str = PField("single", description="single|stripe|mirror|raidz1|raidz2 → md RAID -/0/1/5/6")
-    selected_nic: str = PField("", description="Installer interface name (default: auto)")
-    selected_nic_legacy: str = PField("", description=NO_EFFECT)
-    selected_nic_mac: str = PField("", description="MAC of the selected NIC")
-    mac_address: str = PField("", description=NO_EFFECT)
-    prefix_id: int | None = PField(
+    vendor: Vendor = PField(description=f"BMC driver (required): {' | '.join(VENDORS)}")
+    hostname: Label = PField("", description="OS hostname: lowercase letters, digits and '-' (max 63)")
+    debian_version: Text = PField("12", description="12/bookworm or 13/trixie (the OS catalog's releases)")
+    arch: Text = PField("amd64", description="Only amd64 media are built")
+    os_username: Name = PField("debian", description="OS user created by the installer (a Linux user name)")
+    os_password: Secret | None = PField(
+        None, description="OS password (default adminadmin); stored hashed only"
+    )
+    root_pass: Secret | None = PField(None, description="Root password; root login disabled when unset")
+    selected_disks: list[Name] = PField(
+        default_factory=list, max_length=64, description="Install disks (sda or /dev/sda)"
+    )
+    pool_type: Text = PField("single", description="single|stripe|mirror|raidz1|raidz2 → md RAID -/0/1/5/6")
+    selected_nic: Text = PField("", description="Installer interface name (default: auto)")
+    selected_nic_legacy: Text = PField("", description=NO_EFFECT)
+    selected_nic_mac: Text = PField("", description="MAC of the selected NIC")
+    mac_address: Text = PField("", description=NO_EFFECT)
+    prefix_id: Int32Id | None = PField(
         None, description="Static address from this inventory prefix (NetBox) or the file inventory's pool"
     )
-    network_role: str = PField("", description=NO_EFFECT)
+    network_role: Text = PField("", description=NO_EFFECT)
     gpu_passthrough: Any = PField(None, description="true, [vendor:device ids] or {device_ids, iommu}")
-    controlnode_host: str = PField("", description="Callback host the installer uses (default: public URL)")
-    controlnode_port: str = PField("", description="Callback port")
-    device_id: int | None = PField(None, description=NO_EFFECT)
-    ssh_authorized_keys: list[str] = PField(
+    controlnode_host: Text = PField("", description="Callback host the installer uses (default: public URL)")
+    controlnode_port: Name = PField("", description="Callback port")
+    device_id: Int32Id | None = PField(None, description=NO_EFFECT)
+    ssh_authorized_keys: list[Text] = PField(
         default_factory=list,
         max_length=16,
         description="OpenSSH public keys (one per item) authorized for os_username on the installed system",
@@ -81,25 +96,25 @@ class ProvisionRequest(BaseModel):
         "fast); preseed: the Debian installer (needs a complete mirror). Default: the provisioner's "
         "KARIOS_PROVISIONER_INSTALL_METHOD",
     )
-    mirror: str = PField(
+    mirror: Text = PField(
         "", description="Debian archive for this install, host[:port]/dir or URL (default: the deployment's)"
     )
-    http_proxy: str = PField(
+    http_proxy: Text = PField(
         "", description="HTTP proxy the installer downloads through, http://host:port (default: deployment's)"
     )
-    branch: str = PField("", description=NO_EFFECT)
-    cache_dir: str = PField("", description=NO_EFFECT)
-    kubernetes_cluster_name: str = PField("", description=NO_EFFECT)
-    kubernetes_cluster_type: str = PField("", description=NO_EFFECT)
-    location: str = PField("", description=NO_EFFECT)
-    output_iso: str = PField("", description=NO_EFFECT)
-    pxe_path: str = PField("", description=NO_EFFECT)
-    pxe_server: str = PField("", description=NO_EFFECT)
-    rack_number: str = PField("", description=NO_EFFECT)
-    sys_iuri: str = PField("", description=NO_EFFECT)
-    vm_slot: str = PField("", description=NO_EFFECT)
-    zone: str = PField("", description=NO_EFFECT)
-    parent_id: str = PField("", description="Batch job id: jobs started by one UI action share it")
+    branch: Text = PField("", description=NO_EFFECT)
+    cache_dir: Text = PField("", description=NO_EFFECT)
+    kubernetes_cluster_name: Text = PField("", description=NO_EFFECT)
+    kubernetes_cluster_type: Text = PField("", description=NO_EFFECT)
+    location: Text = PField("", description=NO_EFFECT)
+    output_iso: Text = PField("", description=NO_EFFECT)
+    pxe_path: Text = PField("", description=NO_EFFECT)
+    pxe_server: Text = PField("", description=NO_EFFECT)
+    rack_number: Text = PField("", description=NO_EFFECT)
+    sys_iuri: Text = PField("", description=NO_EFFECT)
+    vm_slot: Text = PField("", description=NO_EFFECT)
+    zone: Text = PField("", description=NO_EFFECT)
+    parent_id: Ident = PField("", description="Batch job id: jobs started by one UI action share it")
 
 
 class Accepted(BaseModel):
@@ -110,45 +125,45 @@ class Accepted(BaseModel):
 
 
 class BmcIpBody(BaseModel):
-    bmc_ip: IPStr
+    bmc_ip: BoundedIP
 
 
 class StepBody(BaseModel):
-    step: str = PField(min_length=1, max_length=200, description="Stage key (network, partitioning, …)")
+    step: SafeText = PField(min_length=1, max_length=200, description="Stage key (network, partitioning, …)")
     state: Literal["active", "done", "failed"]
     percent: int | None = PField(None, ge=0, le=100, description="Default: the stage's percentage")
-    message: str | None = PField(
+    message: SafeText | None = PField(
         None, max_length=16384, description="The installer's own words (the first 1 KB is kept)"
     )
-    log: list[str] | None = PField(
+    log: list[SafeText] | None = PField(
         None, max_length=1000, description="The installer's last log lines (the last 50 × 300 chars are kept)"
     )
 
 
 class CompleteBody(BaseModel):
-    os_ip: str = ""
-    os_password: str | None = None
-    message: str | None = PField(
+    os_ip: IPText = ""
+    os_password: Secret | None = None
+    message: SafeText | None = PField(
         None, max_length=16384, description="Summary (e.g. a wipe's per-disk results; first 1 KB kept)"
     )
-    log: list[str] | None = PField(
+    log: list[SafeText] | None = PField(
         None, max_length=1000, description="The installer's last log lines (the last 50 × 300 chars are kept)"
     )
 
 
 class FirstbootBody(BaseModel):
-    bmc_ip: IPStr
-    os_ip: IPStr
+    bmc_ip: BoundedIP
+    os_ip: BoundedIP
 
 
 class UnprovisionBody(BaseModel):
-    bmc_ip: IPStr
-    bmc_user: str | None = None
-    bmc_pass: str | None = None
-    vendor: str = "generic"
+    bmc_ip: BoundedIP
+    bmc_user: Name | None = None
+    bmc_pass: Secret | None = None
+    vendor: Vendor = "generic"
 
 
 class JobPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    metadata: str | dict[str, Any] | None = None
-    resource_name: str | None = None
+    metadata: Text | dict[str, Any] | None = None
+    resource_name: SafeText | None = PField(None, max_length=255)

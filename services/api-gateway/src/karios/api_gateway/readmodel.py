@@ -6,20 +6,37 @@ each event is applied in one transaction with ``claim_message`` so a redelivered
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import asyncio
+import contextlib
+from collections.abc import Collection
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from pydantic import BaseModel
 from pydantic import Field as PField
-from sqlmodel import Field, SQLModel
+from sqlmodel import Field, SQLModel, select
 
 from karios.api_gateway.models import SCHEMA, processed_messages
+from karios.common.bus.deadletter import CommandFailed
 from karios.common.bus.runtime import Bus
-from karios.common.contracts.provision import JobProgress
+from karios.common.bus.streams import CMD_DUPLICATE_WINDOW_S
+from karios.common.contracts.provision import JobProgress, QueueEntry, QueueQuery, StartProvision
 from karios.common.db import Database, claim_message
+from karios.common.errors import KariosError
+from karios.common.provisioning import TERMINAL_STATES
+from karios.common.telemetry import get_logger
+
+log = get_logger(__name__)
 
 CONSUMER = "gateway-provision-projector"
+FAILED_CONSUMER = "gateway-provision-command-failed"
+# A live job no provisioner knows after this long never reached one: twice the command dedupe
+# window, so a command still held (or re-sent) within the window is not mistaken for a lost one.
+LOST_AFTER_S = 2 * CMD_DUPLICATE_WINDOW_S
+RECONCILE_EVERY_S = 30.0
+NEVER_REACHED = "never reached a provisioner"
+WORKER_JOB_TYPES = ("provision", "unprovision")  # *_batch parents are the gateway's own rows
 
 
 def _now() -> datetime:
@@ -140,6 +157,11 @@ async def apply_progress(db: Database, message_id: str, ev: JobProgress) -> bool
         if not await claim_message(s, processed_messages, CONSUMER, message_id):
             return False
         job = await s.get(JobRow, ev.job_id, with_for_update=True)
+        if job is not None and job.job_status in TERMINAL_STATES and ev.state != job.job_status:
+            # Terminal is final (the state machine has no way out): a late event of a job the
+            # gateway already ended (dead-lettered, never reached a provisioner) changes nothing.
+            log.warning("event for an ended job ignored", job_id=job.id, state=ev.state)
+            return False
         if job is None:
             job = JobRow(id=ev.job_id, job_type=ev.job_type, bmc_ip=ev.bmc_ip, parent_id=ev.parent_id)
             s.add(job)
@@ -163,21 +185,125 @@ async def apply_progress(db: Database, message_id: str, ev: JobProgress) -> bool
     return True
 
 
-class ProvisionProjector:
-    """Durable pull consumer of provision events → read model (shared by gateway replicas)."""
+def failure_event(job: JobRow, message: str, status: str = "failed") -> JobProgress:
+    """The progress event that ends a job the gateway holds live but no worker has."""
+    return JobProgress(
+        job_id=job.id,
+        bmc_ip=job.bmc_ip,
+        job_type=job.job_type,
+        parent_id=job.parent_id,
+        state=status,
+        status=status,
+        stage="Failed" if status == "failed" else "Cancelled",
+        percent=job.progress,
+        message=message,
+        node_ip=job.node_ip,
+        resource_name=job.resource_name,
+    )
 
-    def __init__(self, bus: Bus, db: Database) -> None:
+
+async def live_job(db: Database, job_id: str) -> JobRow | None:
+    """The gateway's row of ``job_id`` if it is still live (not in a terminal state)."""
+    async with db.session() as s:
+        row = await s.get(JobRow, job_id)
+    return row if row is not None and row.job_status not in TERMINAL_STATES else None
+
+
+async def end_job(bus: Bus, job: JobRow, message: str, status: str = "failed") -> JobProgress:
+    """Publish the event that ends ``job`` (one per job and status: the stream dedupes it)."""
+    ev = failure_event(job, message, status)
+    await bus.publish_event(
+        ev,
+        bus.subjects.evt("provision", f"job.{status}", job.id),
+        entity=job.id,
+        msg_id=f"{job.id}:gateway:{status}",
+    )
+    return ev
+
+
+class ProvisionProjector:
+    """Durable pull consumer of provision events → read model (shared by gateway replicas),
+    plus the dead-letter consumer and the periodic reconcile of live jobs."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        db: Database,
+        *,
+        lost_after: float = LOST_AFTER_S,
+        reconcile_every: float = RECONCILE_EVERY_S,
+    ) -> None:
         self.bus, self.db = bus, db
-        self._consumer: Any = None
+        self.lost_after, self.reconcile_every = lost_after, reconcile_every
+        self._consumers: list[Any] = []
+        self._loop: asyncio.Task[None] | None = None
 
     async def _apply(self, ev: JobProgress, env: Any) -> None:
         await apply_progress(self.db, env.id, ev)
 
-    async def start(self) -> None:
-        self._consumer = await self.bus.pull_events(
-            CONSUMER, self.bus.subjects.events_of("provision"), JobProgress, self._apply
+    async def _dead_lettered(self, ev: CommandFailed, _env: Any) -> None:
+        """A ``StartProvision`` given up on: its job fails with the bus's human reason."""
+        if ev.command_type != StartProvision.TYPE:
+            return
+        job = await live_job(self.db, ev.command_id)
+        if job is not None:
+            await end_job(self.bus, job, f"the provisioner could not take the job: {ev.message}")
+
+    async def reconcile(self, job_ids: Collection[str] | None = None) -> list[str]:
+        """Fail the live jobs (of ``job_ids`` if given) older than ``lost_after`` that no
+        provisioner knows; their ids. Without an answer from the provisioners (bus down, none
+        running) nothing is failed: the request raises and the next round tries again.
+        """
+        cutoff = _now() - timedelta(seconds=self.lost_after)
+        query = (
+            select(JobRow)
+            .where(JobRow.job_status.notin_(TERMINAL_STATES))  # type: ignore[attr-defined]
+            .where(JobRow.job_type.in_(WORKER_JOB_TYPES))  # type: ignore[attr-defined]
+            .where(JobRow.updated_at < cutoff)
         )
+        if job_ids is not None:
+            query = query.where(JobRow.id.in_(list(job_ids)))  # type: ignore[attr-defined]
+        async with self.db.session() as s:
+            rows = (await s.exec(query)).all()
+        if not rows:
+            return []
+        entries = await self.bus.request(self.bus.subjects.query("provision", "queue"), QueueQuery())
+        known = {QueueEntry.model_validate(e).job_id for e in entries}
+        lost = [r for r in rows if r.id not in known]
+        for job in lost:
+            if await live_job(self.db, job.id) is not None:  # not ended meanwhile
+                log.warning("job never reached a provisioner", job_id=job.id, bmc_ip=job.bmc_ip)
+                await end_job(self.bus, job, NEVER_REACHED)
+        return [j.id for j in lost]
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.reconcile_every)
+            try:
+                await self.reconcile()
+            except (KariosError, OSError, TimeoutError) as exc:
+                log.warning("job reconcile skipped", error=type(exc).__name__)
+
+    async def start(self) -> None:
+        self._consumers.append(
+            await self.bus.pull_events(
+                CONSUMER, self.bus.subjects.events_of("provision"), JobProgress, self._apply
+            )
+        )
+        self._consumers.append(
+            await self.bus.pull_events(
+                FAILED_CONSUMER,
+                self.bus.subjects.events_of_fact("provision", "command_failed"),
+                CommandFailed,
+                self._dead_lettered,
+            )
+        )
+        self._loop = asyncio.create_task(self._reconcile_loop(), name="gateway-job-reconcile")
 
     async def stop(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
+        if self._loop is not None:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop
+        for consumer in self._consumers:
+            await consumer.stop()

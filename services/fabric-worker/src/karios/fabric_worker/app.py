@@ -14,6 +14,7 @@ from karios.common.settings import KariosSettings
 from karios.fabric_worker.config.handlers import register_config
 from karios.fabric_worker.models import SCHEMA
 from karios.fabric_worker.rollout import recovery
+from karios.fabric_worker.rollout.drift_watch import DriftWatch
 from karios.fabric_worker.rollout.handlers import register_rollout
 from karios.fabric_worker.settings import FabricWorkerSettings
 
@@ -28,13 +29,17 @@ def create_app(
     box = SecretBox.from_settings(settings)
     rollout = register_rollout(rt, box, rollout_settings or FabricWorkerSettings())
     register_config(rt, box, rollout)
+    watch = DriftWatch(rollout)
 
     async def on_start(_rt: ServiceRuntime) -> None:
         await rollout.start(partial(recovery.recover_stale, rollout))  # jobs a dead replica left running
+        watch.start()
 
     async def on_stop(_rt: ServiceRuntime) -> None:
+        await watch.stop()
         await rollout.stop()
 
     app = build_app(rt, title="Karios fabric-worker", on_start=on_start, on_stop=on_stop)
     app.state.rollout = rollout
+    app.state.drift = watch
     return app

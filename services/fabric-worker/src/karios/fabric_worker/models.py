@@ -112,4 +112,33 @@ class NodeHostKeyRow(SQLModel, table=True):
     first_seen_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
 
 
+class NodeDriftRow(SQLModel, table=True):
+    """The last drift check of one node (no secrets: FRR files are reduced to sha256)."""
+
+    __tablename__ = "node_drift"
+    __table_args__ = {"schema": SCHEMA}
+
+    node_ip: str = Field(primary_key=True, max_length=64)
+    fqdn: str = ""
+    drifted: bool = False
+    findings: list = Field(default_factory=list, sa_type=sa.JSON)  # DriftFinding dicts
+    frr_config_sha256: str = ""
+    intent_sha256: str = ""
+    checked_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+    since: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+
+
+class DriftRoundRow(SQLModel, table=True):
+    """One row (id 1): the drift-round lease. The replica whose UPDATE moves ``started_at`` past
+    the interval runs the round; the others skip it."""
+
+    __tablename__ = "drift_round"
+    __table_args__ = {"schema": SCHEMA}
+
+    id: int = Field(default=SINGLETON_ID, primary_key=True)
+    owner: str = Field(default="", max_length=128)
+    started_at: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
+    finished_at: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
+
+
 processed_messages = processed_messages_table(SQLModel.metadata, SCHEMA)

@@ -40,6 +40,12 @@ class FabricWorkerSettings(BaseSettings):
     lease: float = Field(
         30.0, gt=0, description="A running job whose replica has not renewed it for this long is taken over"
     )
+    drift_interval: float = Field(
+        300.0,
+        ge=0,
+        description="Seconds between drift rounds (a read-only verify of every node against the "
+        "intent; one replica runs each round); 0 turns drift detection off",
+    )
     ack_wait: float = Field(60.0, gt=0, description="Seconds before an unacked fabric command is redelivered")
 
     def vni_list(self) -> tuple[int, ...]:

@@ -45,7 +45,9 @@ class FabricConfigFields(BaseModel):
     fabric_switch_peering_ip: str = Field("", description="Switch loopback / BGP peer address")
     fabric_switch_role: str = Field("", description="spine, leaf, border-leaf")
     management_cidr: str = Field("", description="Management subnet, e.g. 192.168.111.0/24")
-    ospf_area: str = Field("", description="OSPF area (dotted quad or integer; empty = 0.0.0.0)")
+    ospf_area: str = Field(
+        "", max_length=15, description="OSPF area (dotted quad or integer; empty = 0.0.0.0)"
+    )
     ospf_auth_key_id: int = Field(0, description="OSPF message-digest key id (1..255)")
     ospf_auth_type: str = Field("", description='"" / none, message-digest, hmac-sha-256')
     ospf_auto_ref_bw: int = Field(0, description="OSPF auto-cost reference bandwidth, Mbit/s (0 = default)")

@@ -291,3 +291,58 @@ class FabricRolloutEvent(Event):
     node_ip: str = ""
     fqdn: str = ""
     message: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Drift detection (issue 13 item 5): a periodic read-only verify of every node against the intent
+
+
+class DriftFinding(BaseModel):
+    """One way a node differs from the intent. ``kind`` is one of ``unreachable``,
+    ``frr config``, ``frr not running``, ``vtep0 missing``, ``vtep0``, ``vxlan``,
+    ``bgp session``, ``evpn``, ``mtu``."""
+
+    kind: str
+    message: str
+
+
+class NodeDriftView(BaseModel):
+    """``GET /controlnode/fabric-config/drift/{node_ip}``: the last check of one node."""
+
+    node_ip: str
+    fqdn: str = ""
+    drifted: bool
+    findings: list[DriftFinding] = Field(default_factory=list)
+    frr_config_sha256: str = Field("", description="sha256 of the node's /etc/frr/frr.conf ('' absent)")
+    intent_sha256: str = Field("", description="sha256 of the frr.conf the intent renders for the node")
+    checked_at: str = ""
+    since: str = Field("", description="when the node entered its current drift state")
+
+
+class FabricDriftView(BaseModel):
+    """``GET /controlnode/fabric-config/drift``: the last drift round over every node."""
+
+    checked_at: str = Field("", description="end of the last round ('' none has run)")
+    interval_s: float = 0.0
+    nodes_total: int = 0
+    nodes_drifted: int = 0
+    nodes: list[NodeDriftView] = Field(default_factory=list)
+
+
+class FabricDriftQuery(Query):
+    TYPE = "karios.fabric.drift_query.v1"
+    node_ip: str = ""
+
+
+class FabricDriftEvent(Event):
+    """A node's drift state changed (SSE channel ``fabric``, event name ``fabric_switch``):
+    ``state`` is ``node_drifted`` or ``node_drift_cleared``. No secrets."""
+
+    TYPE = "karios.fabric.drift_event.v1"
+    state: str
+    node_ip: str
+    fqdn: str = ""
+    drifted: bool
+    findings: list[DriftFinding] = Field(default_factory=list)
+    message: str = ""
+    checked_at: str = ""

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from karios.common.contracts.base import Command, Event, Query
-from karios.common.netaddr import IPStr, OptIPStr, OptMacStr
+from karios.common.limits import BoundedIP, HostName, Int32Id, Name, OptBoundedIP, Text, Vendor
+from karios.common.netaddr import IPStr, OptMacStr
 
 
 class RegisterNode(Command):
@@ -13,21 +14,21 @@ class RegisterNode(Command):
 
     TYPE = "karios.inventory.register_node.v1"
 
-    bmc_ip: IPStr
-    bmc_username: str | None = None
-    bmc_password_enc: str | None = None
-    os_hostname: str | None = None
-    fqdn: str | None = None
-    os_ip: OptIPStr = None
-    os_username: str | None = None
-    os_password_enc: str | None = None
+    bmc_ip: BoundedIP
+    bmc_username: Name | None = None
+    bmc_password_enc: Text | None = None
+    os_hostname: HostName | None = None
+    fqdn: HostName | None = None
+    os_ip: OptBoundedIP = None
+    os_username: Name | None = None
+    os_password_enc: Text | None = None
     primary_mac: OptMacStr = None
-    serial_number: str | None = None
-    vendor: str | None = None
-    atlas_device_id: int | None = None
-    atlas_location_id: int | None = None
-    atlas_rack_id: int | None = None
-    atlas_site_id: int | None = None
+    serial_number: Name | None = None
+    vendor: Vendor | None = None
+    atlas_device_id: Int32Id | None = None
+    atlas_location_id: Int32Id | None = None
+    atlas_rack_id: Int32Id | None = None
+    atlas_site_id: Int32Id | None = None
     is_control_node: bool = True
 
 

@@ -26,10 +26,13 @@ from karios.common.contracts.fabric_rollout import (
     BatchPostdeploy,
     CancelAccepted,
     CancelFabricApply,
+    FabricDriftQuery,
+    FabricDriftView,
     FabricJobView,
     FabricLatestQuery,
     FabricPreflightRequest,
     FabricPreflightResult,
+    NodeDriftView,
     NodeTeardownView,
     PostdeployQuery,
     PostdeployStep,
@@ -152,6 +155,37 @@ async def latest(request: Request, _p: Principal = Depends(require(Role.viewer))
     return await rt.bus.request(
         rt.bus.subjects.query("fabric", "latest"), FabricLatestQuery(), reply=FabricJobView
     )
+
+
+@router.get(
+    "/drift",
+    response_model=FabricDriftView,
+    summary="Drift of every fabric node from the intent (last periodic check)",
+    responses=_ERRORS,
+)
+async def drift(request: Request, _p: Principal = Depends(require(Role.viewer))) -> FabricDriftView:
+    rt = request.app.state.runtime
+    return await rt.bus.request(
+        rt.bus.subjects.query("fabric", "drift"), FabricDriftQuery(), reply=FabricDriftView
+    )
+
+
+@router.get(
+    "/drift/{node_ip}",
+    response_model=NodeDriftView,
+    summary="Drift of one node from the intent (last periodic check); repair with a node apply",
+    responses={404: {"description": "Node not checked (not in the fabric, or no round yet)"}, **_ERRORS},
+)
+async def node_drift(
+    request: Request, node_ip: str, _p: Principal = Depends(require(Role.viewer))
+) -> NodeDriftView:
+    rt = request.app.state.runtime
+    view = await rt.bus.request(
+        rt.bus.subjects.query("fabric", "drift"),
+        FabricDriftQuery(node_ip=_node_ip(node_ip)),
+        reply=FabricDriftView,
+    )
+    return view.nodes[0]
 
 
 @router.post(

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 from karios.api_gateway.auth import Principal, Role, require
 from karios.common.contracts.inventory import BmcHardware, BmcHardwareQuery, Disk, Gpu, Nic
 from karios.common.errors import ValidationFailed
+from karios.common.limits import IP_MAX, IP_SCHEMA
 from karios.common.netaddr import normalize_ip
 
 router = APIRouter(prefix="/controlnode", tags=["inventory"])
@@ -55,7 +56,7 @@ async def _hardware(request: Request, bmc_ip: str) -> BmcHardware:
 )
 async def bmc_disks(
     request: Request,
-    bmc_ip: str = Path(description="BMC IP address"),
+    bmc_ip: str = Path(description="BMC IP address", max_length=IP_MAX, json_schema_extra=IP_SCHEMA),
     _p: Principal = Depends(require(Role.viewer)),
 ) -> BmcDisksResponse:
     hw = await _hardware(request, bmc_ip)
@@ -73,7 +74,7 @@ async def bmc_disks(
 )
 async def bmc_gpus(
     request: Request,
-    bmc_ip: str = Path(description="BMC IP address"),
+    bmc_ip: str = Path(description="BMC IP address", max_length=IP_MAX, json_schema_extra=IP_SCHEMA),
     _p: Principal = Depends(require(Role.viewer)),
 ) -> BmcGpusResponse:
     hw = await _hardware(request, bmc_ip)

@@ -32,6 +32,7 @@ from karios.api_gateway.readmodel import (
     JobRow,
     ProgressOut,
     ProvisionProgress,
+    end_job,
     job_json,
     progress_json,
 )
@@ -45,7 +46,7 @@ from karios.common.contracts.provision import (
     StartProvision,
 )
 from karios.common.crypto import SecretBox
-from karios.common.errors import NotFound
+from karios.common.errors import Conflict, NotFound
 from karios.common.provisioning import (
     TERMINAL_STATES,
     bound_log,
@@ -267,13 +268,34 @@ async def patch_job(
 
 
 @router.post(
-    "/job/{id}/cancel", response_model=JobView, summary="Cancel a running provision job (idempotent)"
+    "/job/{id}/cancel",
+    response_model=JobView,
+    responses={
+        404: {"description": "No such job"},
+        409: {"description": "The job has already ended (failed or completed); `message` says how"},
+    },
+    summary="Cancel a running provision job (idempotent)",
 )
 async def cancel(id: str, request: Request, _p: Principal = Depends(require(Role.operator))) -> JobView:
+    # The provisioner cancels its job; a job only the gateway knows is answered from the read
+    # model: 409 naming its end if it has ended (e.g. its command was dead-lettered), else it
+    # never reached a provisioner and is cancelled here (the BMC is free again).
     rt = request.app.state.runtime
-    return await rt.bus.request(
-        rt.bus.subjects.request("provision", "cancel"), CancelJob(job_id=id), reply=JobView
+    try:
+        return await rt.bus.request(
+            rt.bus.subjects.request("provision", "cancel"), CancelJob(job_id=id), reply=JobView
+        )
+    except NotFound:
+        row = await _job(request, id)  # 404 only when the gateway never had the job either
+    if row.job_status in TERMINAL_STATES:
+        raise Conflict(
+            f"job {id} already {row.job_status}: {row.message}",
+            details={"job_id": id, "job_status": row.job_status},
+        )
+    ev = await end_job(
+        rt.bus, row, "cancelled by operator (the job never reached a provisioner)", "cancelled"
     )
+    return JobView(job_id=id, bmc_ip=row.bmc_ip, state=ev.state, status=ev.status, message=ev.message)
 
 
 def installer_token(

@@ -9,7 +9,8 @@ from karios.api_gateway.auth import Principal, Role, require
 from karios.common.contracts.inventory import RegisterNode, RegisterNodeResult
 from karios.common.crypto import SecretBox
 from karios.common.errors import ServiceUnavailable
-from karios.common.netaddr import IPStr, OptIPStr, OptMacStr
+from karios.common.limits import BoundedIP, HostName, Int32Id, Name, OptBoundedIP, Secret, Vendor
+from karios.common.netaddr import OptMacStr
 
 router = APIRouter(prefix="/controlnode", tags=["nodes"])
 
@@ -17,21 +18,21 @@ router = APIRouter(prefix="/controlnode", tags=["nodes"])
 class RegisterRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    bmc_ip: IPStr = Field(description="BMC IP address; the registry key (required)")
-    bmc_username: str | None = Field(None, description="BMC user")
-    bmc_password: str | None = Field(None, description="BMC password (write-only; encrypted at rest)")
-    os_hostname: str | None = Field(None, description="Hostname, e.g. mgmt-01")
-    fqdn: str | None = Field(None, description="Fully qualified domain name")
-    os_ip: OptIPStr = Field(None, description="OS IP address")
-    os_username: str | None = Field(None, description="SSH username (default root)")
-    os_password: str | None = Field(None, description="SSH password (write-only; encrypted at rest)")
+    bmc_ip: BoundedIP = Field(description="BMC IP address; the registry key (required)")
+    bmc_username: Name | None = Field(None, description="BMC user")
+    bmc_password: Secret | None = Field(None, description="BMC password (write-only; encrypted at rest)")
+    os_hostname: HostName | None = Field(None, description="Hostname, e.g. mgmt-01")
+    fqdn: HostName | None = Field(None, description="Fully qualified domain name")
+    os_ip: OptBoundedIP = Field(None, description="OS IP address")
+    os_username: Name | None = Field(None, description="SSH username (default root)")
+    os_password: Secret | None = Field(None, description="SSH password (write-only; encrypted at rest)")
     primary_mac: OptMacStr = Field(None, description="Primary NIC MAC")
-    serial_number: str | None = Field(None, description="Serial number, used as UUID")
-    vendor: str | None = Field(None, description="Hardware vendor")
-    atlas_device_id: int | None = Field(None, description="NetBox device id")
-    atlas_location_id: int | None = Field(None, description="NetBox location id")
-    atlas_rack_id: int | None = Field(None, description="NetBox rack id")
-    atlas_site_id: int | None = Field(None, description="NetBox site id")
+    serial_number: Name | None = Field(None, description="Serial number, used as UUID")
+    vendor: Vendor | None = Field(None, description="Hardware vendor")
+    atlas_device_id: Int32Id | None = Field(None, description="NetBox device id")
+    atlas_location_id: Int32Id | None = Field(None, description="NetBox location id")
+    atlas_rack_id: Int32Id | None = Field(None, description="NetBox rack id")
+    atlas_site_id: Int32Id | None = Field(None, description="NetBox site id")
 
 
 class RegisterResponse(BaseModel):

@@ -252,7 +252,7 @@ def rule_ospf(cfg: FabricConfigFields, ctx: RuleContext) -> list[Violation]:
     out = []
     if cfg.ospf_area:
         area_ok = parse_ipv4(cfg.ospf_area) is not None or (
-            cfg.ospf_area.isdigit() and int(cfg.ospf_area) <= ASN_MAX
+            cfg.ospf_area.isdigit() and len(cfg.ospf_area) <= 10 and int(cfg.ospf_area) <= ASN_MAX
         )
         if not area_ok:
             out.append(Violation("ospf_area", f"{cfg.ospf_area!r} is not a dotted-quad or integer area id"))
@@ -276,8 +276,9 @@ def rule_ospf_auth(cfg: FabricConfigFields, ctx: RuleContext) -> list[Violation]
     t = cfg.ospf_auth_type
     if t not in OSPF_AUTH_TYPES:
         return [Violation("ospf_auth_type", f"{t!r} is not one of none, message-digest, hmac-sha-256")]
-    if t in ("", "none"):
-        return []
+    if t in ("", "none"):  # a key id is still stored: it must fit (0 = unset)
+        bad = not 0 <= cfg.ospf_auth_key_id <= 255
+        return [Violation("ospf_auth_key_id", f"{cfg.ospf_auth_key_id} is outside 0..255")] if bad else []
     out = []
     if not cfg.ospf_fabric_interface:
         out.append(

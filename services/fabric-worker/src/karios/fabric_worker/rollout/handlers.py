@@ -9,6 +9,7 @@
 - ``req.fabric.teardown_node``    remove the fabric from one node
 - ``q.fabric.latest``             the latest job summary
 - ``q.fabric.postdeploy``         one node's post-deploy checklist
+- ``q.fabric.drift``              :func:`drift_watch.drift`: the last drift round (all nodes or one)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from functools import partial
 
 from karios.common.contracts.fabric_rollout import (
     CancelFabricApply,
+    FabricDriftQuery,
     FabricLatestQuery,
     FabricPreflightRequest,
     PostdeployQuery,
@@ -27,7 +29,7 @@ from karios.common.contracts.fabric_rollout import (
 )
 from karios.common.crypto import SecretBox
 from karios.common.service import ServiceRuntime
-from karios.fabric_worker.rollout import apply, checks, teardown
+from karios.fabric_worker.rollout import apply, checks, drift_watch, teardown
 from karios.fabric_worker.rollout.service import RolloutService
 from karios.fabric_worker.settings import FabricWorkerSettings
 
@@ -56,4 +58,5 @@ def register_rollout(rt: ServiceRuntime, box: SecretBox, settings: FabricWorkerS
     )
     bus.query_responder(sub.query("fabric", "latest"), FabricLatestQuery, partial(apply.latest, svc))
     bus.query_responder(sub.query("fabric", "postdeploy"), PostdeployQuery, partial(checks.postdeploy, svc))
+    bus.query_responder(sub.query("fabric", "drift"), FabricDriftQuery, partial(drift_watch.drift, svc))
     return svc

@@ -26,9 +26,11 @@ from karios.common.contracts.fabric_rollout import FabricJobView, PreflightOverr
 from karios.common.errors import Conflict, NotFound
 from karios.fabric_worker.config import store
 from karios.fabric_worker.models import (
+    DriftRoundRow,
     FabricConfigRow,
     FabricJobRow,
     NodeBaselineRow,
+    NodeDriftRow,
     NodeHostKeyRow,
     VtepAllocationRow,
 )
@@ -287,3 +289,55 @@ class RolloutRepository:
         async with self.db.session() as s:
             rows = (await s.exec(select(NodeBaselineRow).where(NodeBaselineRow.job_id == job_id))).all()
         return {r.node_ip: r.baseline_enc for r in rows}
+
+    # -- drift detection: one replica per round (a lease on the drift_round row) --------------
+
+    async def claim_drift_round(self, interval_s: float) -> bool:
+        """True when this replica runs the next drift round: the row's ``started_at`` is older
+        than `interval_s` (database clock) and our UPDATE moved it first."""
+        cutoff = sa.func.now() - sa.func.make_interval(0, 0, 0, 0, 0, 0, interval_s)
+        started = DriftRoundRow.started_at
+        stmt = (
+            sa.update(DriftRoundRow)
+            .where(DriftRoundRow.id == 1, sa.or_(started.is_(None), started <= cutoff))  # type: ignore[union-attr,operator]
+            .values(owner=self.owner, started_at=sa.func.now())
+        )
+        return bool((await self._exec(stmt)).rowcount)
+
+    async def finish_drift_round(self) -> None:
+        stmt = (
+            sa.update(DriftRoundRow)
+            .where(DriftRoundRow.id == 1, DriftRoundRow.owner == self.owner)  # type: ignore[arg-type]
+            .values(finished_at=sa.func.now())
+        )
+        await self._exec(stmt)
+
+    async def drift_round(self) -> DriftRoundRow | None:
+        async with self.db.session() as s:
+            return await s.get(DriftRoundRow, 1)
+
+    async def drift_rows(self, node_ip: str = "") -> list[NodeDriftRow]:
+        stmt = select(NodeDriftRow).order_by(NodeDriftRow.node_ip)
+        if node_ip:
+            stmt = stmt.where(NodeDriftRow.node_ip == node_ip)
+        async with self.db.session() as s:
+            return list((await s.exec(stmt)).all())
+
+    async def store_drift(self, row: NodeDriftRow) -> bool:
+        """Upsert one node's check; True when its drift state changed: drifted flipped, or the
+        kinds of its findings changed (or it is new and drifted). ``since`` moves on a flip only."""
+        kinds = sorted(f["kind"] for f in row.findings)
+        async with self.db.session() as s, s.begin():
+            old = await s.get(NodeDriftRow, row.node_ip, with_for_update=True)
+            if old is None:
+                changed = row.drifted
+            else:
+                changed = old.drifted != row.drifted or sorted(f["kind"] for f in old.findings) != kinds
+                if old.drifted == row.drifted:
+                    row.since = old.since
+            await s.merge(row)
+        return changed
+
+    async def forget_drift(self, keep: list[str]) -> None:
+        """Drop the rows of nodes no longer registered."""
+        await self._exec(sa.delete(NodeDriftRow).where(NodeDriftRow.node_ip.not_in(keep)))  # type: ignore[attr-defined]
