@@ -148,6 +148,9 @@ class Bus:
         for stream, cfg in self._consumers:
             await reconcile_consumer(js, stream, cfg)
         await self.broker.start()
+        # A PING/PONG round trip: the server has processed every SUB sent so far, so a broadcast
+        # published (by any replica) after start() returns reaches this replica's handlers.
+        await self.nc.flush(timeout=5)
 
     async def stop(self) -> None:
         self._stopping = True
