@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from karios.common.contracts.provision import ProvisionSpec, check_pool
 from karios.common.errors import ValidationFailed
+from karios.common.provisioning import validate_provision
 from karios.provisioner import preseed
 from karios.provisioner.install import INSTALL_STAGES
-from karios.provisioner.preseed import HostContext, gpu_kernel_args, raid_layout, render_media_files
+from karios.provisioner.preseed import HostContext, gpu_kernel_args, render_media_files
 from tests.fixtures.golden import assert_golden
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -152,6 +154,12 @@ def test_values_that_would_break_the_preseed_are_422_naming_the_field(kw, field)
     assert e.value.field == field and e.value.http_status == 422
 
 
+def _spec(pool: str, disks: list[str]) -> ProvisionSpec:
+    return ProvisionSpec(
+        bmc_ip="10.0.0.5", vendor="dell", hostname="node1", pool_type=pool, selected_disks=disks
+    )
+
+
 @pytest.mark.parametrize(
     ("pool", "n", "level"),
     [
@@ -164,8 +172,10 @@ def test_values_that_would_break_the_preseed_are_422_naming_the_field(kw, field)
     ],
 )
 def test_pool_type_maps_to_md_level(pool, n, level):
-    lvl, disks = raid_layout(pool, [f"sd{c}" for c in "abcdef"[:n]])
-    assert lvl.md_level == level and disks[0] == "/dev/sda"
+    spec = validate_provision(_spec(pool, [f"sd{c}" for c in "abcdef"[:n]]))
+    assert (
+        check_pool(spec.pool_type, spec.selected_disks)[1] == level and spec.selected_disks[0] == "/dev/sda"
+    )
 
 
 @pytest.mark.parametrize(
@@ -182,7 +192,7 @@ def test_pool_type_maps_to_md_level(pool, n, level):
 )
 def test_impossible_layouts_are_422_naming_the_field(pool, disks, field):
     with pytest.raises(ValidationFailed) as e:
-        raid_layout(pool, disks)
+        validate_provision(_spec(pool, disks))
     assert e.value.field == field and e.value.http_status == 422
 
 

@@ -7,18 +7,16 @@ callback and first-boot scripts); nothing here touches the disk or the network.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from passlib.hash import sha512_crypt
 
-from karios.common.contracts.provision import POOL_TYPES, check_pool
 from karios.common.errors import ValidationFailed
 from karios.common.provisioning import gpu_kernel_args, normalize_disk
 from karios.provisioner.install import INSTALL_STAGES, HostContext  # HostContext: kept importable from here
 
-__all__ = ["HostContext", "gpu_kernel_args", "normalize_disk", "raid_layout", "render_media_files"]
+__all__ = ["HostContext", "gpu_kernel_args", "normalize_disk", "render_media_files"]
 
 _ENV = Environment(
     loader=PackageLoader("karios.provisioner", "templates"),
@@ -33,27 +31,6 @@ _LINE_SAFE = re.compile(r"^[^\x00-\x1f\x7f]*$")
 CALLBACK_RETRY_FOR = 300
 # Path in the initrd of the file /sbin/debian-installer sources before starting debconf.
 DEBCONF_DEBUG_HOOK = "lib/debian-installer.d/S69karios-debconf-debug"
-
-
-@dataclass(frozen=True)
-class RaidLevel:
-    pool_type: str
-    md_level: int | None  # None: no md array (one plain disk)
-    min_disks: int
-    max_disks: int | None = None
-
-
-# pool_type (the UI's ZFS-style names) → Linux md-RAID level for the Debian installer.
-RAID_MAP: dict[str, RaidLevel] = {name: RaidLevel(name, *row) for name, row in POOL_TYPES.items()}
-
-
-def raid_layout(pool_type: str, disks: list[str]) -> tuple[RaidLevel, list[str]]:
-    """Validate ``pool_type`` against the disk count; return the level and normalized disks."""
-    devs = [normalize_disk(d) for d in disks]
-    if len(set(devs)) != len(devs):
-        raise ValidationFailed("selected_disks: a disk is listed twice", field="selected_disks")
-    name, _level = check_pool(pool_type, devs)
-    return RAID_MAP[name], devs
 
 
 def hash_password(password: str, *, salt: str | None = None) -> str:
