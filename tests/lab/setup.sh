@@ -14,6 +14,7 @@ PKGS=(
   qemu-system-x86 ipxe                                              # real iPXE client (bootapi)
   qemu-utils ovmf socat zstd                                        # installs/wipes booted in a VM
   mmdebstrap apt-cacher-ng                                          # image builds, installer proxy
+  prometheus                                                        # dashboards/alerts (promtool) against a real Prometheus
 )
 missing=()
 for p in "${PKGS[@]}"; do
