@@ -31,8 +31,12 @@ SCHEMA = ROOT / "docs" / "openapi" / "gateway.json"
 MAX_EXAMPLES = 25
 EXCLUDE = (
     r"^/controlnode/(events|fabric-config.*|provision(/(cisco|dell|hp|lenovo|supermicro))?"
-    r"|provision/queue|unprovision|firstboot|job/\{id\}/(cancel|complete|step))$"
+    r"|provision/queue|unprovision|firstboot|job/\{id\}/(cancel|complete|step)|bmc-tls.*)$"
 )
+
+# Adoption SSHes to the fuzzed address and removal asks the fabric worker (not running here: 503);
+# listing and showing nodes are fuzzed. One filter ("METHOD /path"): schemathesis ANDs two.
+EXCLUDE_NAMES = r"^[A-Z]+ " + EXCLUDE[1:] + r"|^(POST|DELETE) /controlnode/nodes"
 
 
 async def _registered(url: str) -> set[str]:
@@ -75,7 +79,7 @@ async def test_fuzz_gateway_no_server_errors_and_schema_conformant(gateway_url, 
         "--phases", "examples,coverage,fuzzing",
         "--max-examples", str(MAX_EXAMPLES), "--seed", "12", "--workers", "2",
         "--request-timeout", "20", "--suppress-health-check", "all",
-        "--exclude-path-regex", EXCLUDE,
+        "--exclude-name-regex", EXCLUDE_NAMES,
         "--report", "junit", "--report-junit-path", str(junit),
         "--output-truncate", "false",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,

@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -140,7 +141,7 @@ def bcrypt_htpasswd_line(username: str, password: str, python: str | None) -> st
 # Replaces the fake driver's `random` so `randint(1, 11)` (the power-change delay) is 0:
 # `set_power_state` then stamps apply_time = int(time.time()) and the next GET applies it.
 # sushy-tools has no config option or env var for this delay (fakedriver.py, 2.2.0).
-_LAUNCHER = """\
+_NO_POWER_DELAY = """\
 import sys
 from sushy_tools.emulator.resources.systems import fakedriver
 
@@ -153,6 +154,23 @@ if not hasattr(fakedriver, "random"):
     sys.exit("karios lab: sushy-tools fakedriver has no `random` to patch; "
              "run with instant_power=False")
 fakedriver.random = _NoPowerDelay()
+"""
+# HTTPS: werkzeug wraps its listening socket, so every TLS handshake runs inside accept() on the
+# serving thread, and one client that is slow to finish its handshake (e.g. a client in the same
+# event loop as a test's blocking call) stalls every other connection. A real BMC handshakes
+# connections concurrently: the handshake is moved to the request thread (first read).
+_LAZY_TLS_HANDSHAKE = """\
+import ssl
+
+_wrap_socket = ssl.SSLContext.wrap_socket
+
+def _handshake_in_request_thread(self, sock, server_side=False, do_handshake_on_connect=True, *a, **kw):
+    return _wrap_socket(self, sock, server_side, do_handshake_on_connect and not server_side, *a, **kw)
+
+ssl.SSLContext.wrap_socket = _handshake_in_request_thread
+"""
+_RUN = """\
+import sys
 from sushy_tools.emulator.main import main
 sys.argv[0] = "sushy-emulator"
 sys.exit(main())
@@ -198,6 +216,9 @@ class RedfishEmulator:
     answers 401 without credentials); ``username``/``password`` default to
     "admin"/random.
     ``instant_power``: power changes apply at the next GET instead of after 1-11 s.
+    ``ssl_cert``/``ssl_key``: PEM files; the emulator then serves HTTPS (``url`` is https://…;
+    the lab's own client does not verify it). ``port``: listen here (e.g. a restart with
+    another certificate at the same address) instead of a free port.
     """
 
     def __init__(
@@ -212,6 +233,9 @@ class RedfishEmulator:
         install: bool = True,
         extra_config: dict | None = None,
         startup_timeout: float = 30.0,
+        ssl_cert: str | None = None,
+        ssl_key: str | None = None,
+        port: int = 0,
     ) -> None:
         if systems is None:
             systems = [fake_system("node1"), fake_system("node2")]
@@ -225,7 +249,9 @@ class RedfishEmulator:
         self.extra_config = dict(extra_config or {})
         self.startup_timeout = startup_timeout
         self.host = "127.0.0.1"
-        self.port = 0
+        self.ssl_cert, self.ssl_key = ssl_cert, ssl_key
+        self.fixed_port = port
+        self.port = port
         self.workdir = ""
         self.log_path = ""
         self.timings: dict[str, float] = {}
@@ -246,7 +272,7 @@ class RedfishEmulator:
     @property
     def url(self) -> str:
         """Base URL, e.g. http://127.0.0.1:40123 (Redfish root is url + '/redfish/v1')."""
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.ssl_cert else 'http'}://{self.host}:{self.port}"
 
     @property
     def system_ids(self) -> list[str]:
@@ -283,6 +309,9 @@ class RedfishEmulator:
             "SUSHY_EMULATOR_STATE_DIR": state_dir,
             **self.extra_config,
         }
+        if self.ssl_cert and self.ssl_key:
+            config["SUSHY_EMULATOR_SSL_CERT"] = self.ssl_cert
+            config["SUSHY_EMULATOR_SSL_KEY"] = self.ssl_key
         if self.auth:
             t = time.monotonic()
             auth_file = os.path.join(self.workdir, "htpasswd")
@@ -290,12 +319,16 @@ class RedfishEmulator:
                 fh.write(bcrypt_htpasswd_line(self.username, self.password, python) + "\n")
             config["SUSHY_EMULATOR_AUTH_FILE"] = auth_file
             self.timings["htpasswd"] = time.monotonic() - t
-        if self.instant_power:
+        if self.instant_power or self.ssl_cert:
             if not python:
-                raise RuntimeError(f"instant_power needs the python of {exe}; pass instant_power=False")
+                raise RuntimeError(f"instant_power/TLS need the python of {exe}; pass instant_power=False")
             launcher = os.path.join(self.workdir, "launch_sushy.py")
             with open(launcher, "w") as fh:
-                fh.write(_LAUNCHER)
+                fh.write(
+                    (_NO_POWER_DELAY if self.instant_power else "")
+                    + (_LAZY_TLS_HANDSHAKE if self.ssl_cert else "")
+                    + _RUN
+                )
             argv_head = [python, launcher]
         else:
             argv_head = [exe]
@@ -305,7 +338,7 @@ class RedfishEmulator:
         try:
             for _attempt in range(5):  # a free port may be taken between probe and bind
                 t = time.monotonic()
-                self.port = _free_port()
+                self.port = self.fixed_port or _free_port()
                 config["SUSHY_EMULATOR_LISTEN_PORT"] = self.port
                 cfg_path = os.path.join(self.workdir, "emulator.conf")
                 with open(cfg_path, "w") as fh:
@@ -325,7 +358,7 @@ class RedfishEmulator:
                     self.timings["ready"] = time.monotonic() - t
                     self.timings["start_total"] = time.monotonic() - t0
                     return self
-                if "Address already in use" not in self.log():
+                if "Address already in use" not in self.log() or self.fixed_port:
                     break
             raise RuntimeError(f"sushy-emulator did not come up:\n{self.log()[-4000:]}")
         except BaseException:
@@ -339,12 +372,27 @@ class RedfishEmulator:
                 return False
             with (
                 contextlib.suppress(OSError),
-                urllib.request.urlopen(self.url + "/redfish/v1/", timeout=2) as resp,
+                urllib.request.urlopen(
+                    self.url + "/redfish/v1/", timeout=2, context=self._client_tls()
+                ) as resp,
             ):
                 if resp.status == 200:
                     return True
             time.sleep(0.05)
         return False
+
+    def _client_tls(self) -> ssl.SSLContext | None:
+        """The lab's own client does not verify the emulator (it checks the lab, not TLS)."""
+        if not self.ssl_cert:
+            return None
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def requests_seen(self, since: int = 0) -> list[str]:
+        """HTTP request lines the emulator logged after offset ``since`` of its log."""
+        return [line for line in self.log()[since:].splitlines() if '"' in line and " HTTP/1." in line]
 
     def stop(self) -> None:
         if self._proc is not None:
@@ -389,7 +437,9 @@ class RedfishEmulator:
         if creds:
             token = base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
             req.add_header("Authorization", f"Basic {token}")
-        opener = urllib.request.build_opener(_NoRedirect)
+        opener = urllib.request.build_opener(
+            _NoRedirect, urllib.request.HTTPSHandler(context=self._client_tls())
+        )
         try:
             with opener.open(req, timeout=timeout) as resp:
                 status, raw = resp.status, resp.read()

@@ -15,6 +15,7 @@ PKGS=(
   qemu-utils ovmf socat zstd                                        # installs/wipes booted in a VM
   mmdebstrap apt-cacher-ng                                          # image builds, installer proxy
   prometheus                                                        # dashboards/alerts (promtool) against a real Prometheus
+  chromium chromium-driver                                          # the web console in a real browser (Selenium)
 )
 missing=()
 for p in "${PKGS[@]}"; do

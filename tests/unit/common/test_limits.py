@@ -28,8 +28,10 @@ from karios.api_gateway.models import (
     StepBody,
     UnprovisionBody,
 )
+from karios.api_gateway.routes.nodes import AdoptRequest
 from karios.api_gateway.routes.register import RegisterRequest
 from karios.common.contracts.inventory import RegisterNode
+from karios.common.contracts.nodes import AdoptNode, RegisterComputeNode
 from karios.common.limits import INT32_MAX, BoundedIP, Int32Id, OptBoundedIP, SafeText, Text, check_text
 
 #: Every model a caller fills in and a service stores (the gateway's request bodies, the
@@ -37,6 +39,9 @@ from karios.common.limits import INT32_MAX, BoundedIP, Int32Id, OptBoundedIP, Sa
 REQUEST_MODELS: list[type[BaseModel]] = [
     RegisterRequest,
     RegisterNode,
+    AdoptRequest,
+    AdoptNode,
+    RegisterComputeNode,
     ProvisionRequest,
     BmcIpBody,
     StepBody,

@@ -1,169 +1,177 @@
-"""``karios`` — run the whole system (``karios up``) or one service (``karios run <service>``)."""
+"""``karios`` — run the system (``up``, ``run``, ``ready``, documents) and drive it (client verbs).
+
+The server verbs start processes on this machine; the client verbs (``karios.cli.client``) talk
+to a gateway's REST API with the client context ``karios up`` / ``karios login`` wrote.
+"""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import json
 import sys
 import urllib.error
 import urllib.request
+from enum import StrEnum
+from types import SimpleNamespace
+from typing import Annotated
 
+import typer
+
+from karios.cli.client import commands
+from karios.cli.client.api import CliError
 from karios.cli.services import SERVICES
 
+app = typer.Typer(
+    name="karios",
+    help="Karios control plane: run it (up, run) and drive it (provision, jobs, fabric, …).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+ServiceName = StrEnum("ServiceName", {n.replace("-", "_"): n for n in sorted(SERVICES)})  # type: ignore[misc]
 
-def cmd_run(args: argparse.Namespace) -> int:
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+
+
+@app.callback()
+def root(
+    output: Annotated[Output, typer.Option("--output", "-o", help="table (default) or json for scripts")] = (
+        Output.table
+    ),
+) -> None:
+    commands.STATE["output"] = output.value
+
+
+@app.command()
+def up(
+    timeout: Annotated[float, typer.Option(help="seconds to wait for every service to be ready")] = 90.0,
+    max_crashes: Annotated[
+        int,
+        typer.Option(
+            help="give up (stop everything) when one service crashes this often within --crash-window"
+        ),
+    ] = 5,
+    crash_window: Annotated[float, typer.Option(help="seconds (see --max-crashes)")] = 60.0,
+    otlp_endpoint: Annotated[
+        str | None, typer.Option(help="send every service's traces to this OTLP/HTTP collector URL")
+    ] = None,
+) -> None:
+    """Run the whole system on this machine (embedded NATS + PostgreSQL)."""
+    from karios.cli.up import Up, state_dir
+
+    args = SimpleNamespace(
+        timeout=timeout, max_crashes=max_crashes, crash_window=crash_window, otlp_endpoint=otlp_endpoint
+    )
+    raise typer.Exit(Up(args, state_dir()).run())
+
+
+@app.command()
+def run(
+    service: Annotated[ServiceName, typer.Argument(help="the service to run")],
+    port: Annotated[int | None, typer.Option(help="listen port (default: the service's setting)")] = None,
+) -> None:
+    """Run one service (how production runs it)."""
     import uvicorn
 
     from karios.common.settings import KariosSettings
 
-    spec = SERVICES[args.service]
+    spec = SERVICES[service.value]
     settings = KariosSettings()
-    if spec.name == "bootapi" and not args.port:
+    if spec.name == "bootapi" and not port:
         # bootapi honours its seed's BOOTAPI_LISTEN_ADDR and the optional parallel HTTPS listener.
         from karios.bootapi.listeners import serve
 
         asyncio.run(serve(settings))
-        return 0
-    port = args.port or int(getattr(settings, spec.port_setting))
+        return
     # SSE streams never end on their own: give open connections 5 s on SIGTERM, then close them.
     uvicorn.run(
         spec.create_app(),
         host=settings.host,
-        port=port,
+        port=port or int(getattr(settings, spec.port_setting)),
         log_level="warning",
         access_log=False,
+        log_config=None,  # uvicorn's lines go through the service's JSON pipeline (telemetry.py)
         timeout_graceful_shutdown=5,
     )
-    return 0
 
 
-def cmd_up(args: argparse.Namespace) -> int:
-    from karios.cli.up import Up, state_dir
-
-    return Up(args, state_dir()).run()
-
-
-def cmd_token(args: argparse.Namespace) -> int:
-    from karios.api_gateway.auth import Role, create_token, revoke_token
-    from karios.common.bus.runtime import Bus
-    from karios.common.db import Database
+@app.command()
+def ready(
+    service: Annotated[ServiceName, typer.Argument(help="the service to check")],
+    timeout: Annotated[float, typer.Option(help="seconds")] = 2.0,
+) -> None:
+    """Exit 0 if a service on this host is ready (/readyz answers 200; container health checks)."""
     from karios.common.settings import KariosSettings
 
-    settings = KariosSettings()
-
-    async def run() -> str | None:
-        db = Database(settings.database_url)
-        bus: Bus | None = Bus.from_settings(settings, "karios-cli")
-        try:
-            await bus.broker.connect()  # type: ignore[union-attr]
-        except Exception:
-            print("karios: bus unavailable; gateways see the change within token_cache_ttl", file=sys.stderr)
-            bus = None
-        try:
-            if args.revoke:
-                await revoke_token(db, args.name, bus=bus)
-                return None
-            return await create_token(db, args.name, Role[args.role], bus=bus)
-        finally:
-            if bus is not None:
-                await bus.stop()
-            await db.close()
-
-    from karios.common.errors import KariosError
-
+    spec = SERVICES[service.value]
+    url = f"http://127.0.0.1:{int(getattr(KariosSettings(), spec.port_setting))}/readyz"
     try:
-        token = asyncio.run(run())
-    except KariosError as exc:
-        print(f"karios: {exc.message}", file=sys.stderr)
-        return 1
-    print(token if token is not None else f"revoked {args.name}")
-    return 0
-
-
-def cmd_ready(args: argparse.Namespace) -> int:
-    """Exit 0 when the service's /readyz on this host answers 200 (container health checks)."""
-    from karios.common.settings import KariosSettings
-
-    spec = SERVICES[args.service]
-    port = int(getattr(KariosSettings(), spec.port_setting))
-    url = f"http://127.0.0.1:{port}/readyz"
-    try:
-        with urllib.request.urlopen(url, timeout=args.timeout) as r:
-            body = r.read().decode(errors="replace")
-            ok = r.status == 200
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            body, ok = r.read().decode(errors="replace"), r.status == 200
     except urllib.error.HTTPError as exc:
         body, ok = exc.read().decode(errors="replace"), False
     except OSError as exc:
         body, ok = f"no answer: {exc}", False
-    print(f"{args.service}: {'ready' if ok else 'not ready'} {body}")
-    return 0 if ok else 1
+    print(f"{service.value}: {'ready' if ok else 'not ready'} {body}")
+    raise typer.Exit(0 if ok else 1)
 
 
-def cmd_openapi(args: argparse.Namespace) -> int:
-    import json
-
+@app.command()
+def openapi(service: Annotated[ServiceName, typer.Argument(help="the service")]) -> None:
+    """Print a service's OpenAPI document (docs/openapi/<service>.json)."""
     from karios.common.settings import KariosSettings
 
-    spec = SERVICES[args.service]
+    spec = SERVICES[service.value]
     module = __import__(spec.module, fromlist=["create_app"])
-    app = module.create_app(KariosSettings(dev_mode=True))
-    print(json.dumps(app.openapi(), indent=2, sort_keys=True))
-    return 0
+    print(json.dumps(module.create_app(KariosSettings(dev_mode=True)).openapi(), indent=2, sort_keys=True))
 
 
-def cmd_asyncapi(_args: argparse.Namespace) -> int:
-    import json
-
+@app.command()
+def asyncapi() -> None:
+    """Print the bus's AsyncAPI document (docs/asyncapi.json)."""
     from karios.common.contracts.asyncapi import build_document
 
     print(json.dumps(build_document(), indent=2, sort_keys=True))
-    return 0
 
 
-def cmd_config_doc(_args: argparse.Namespace) -> int:
+@app.command("config-doc")
+def config_doc() -> None:
+    """Print docs/configuration.md (every setting of every service)."""
     from karios.cli.configdoc import render
 
     print(render(), end="")
-    return 0
+
+
+commands.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="karios", description="Karios control plane")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="run the whole system on this machine (embedded NATS + PostgreSQL)")
-    up.add_argument(
-        "--timeout", type=float, default=90.0, help="seconds to wait for every service to be ready"
-    )
-    up.add_argument(
-        "--max-crashes",
-        type=int,
-        default=5,
-        help="give up (stop everything) when one service crashes this often within --crash-window",
-    )
-    up.add_argument("--crash-window", type=float, default=60.0, help="seconds (see --max-crashes)")
-    up.set_defaults(fn=cmd_up)
-    run = sub.add_parser("run", help="run one service (how production runs it)")
-    run.add_argument("service", choices=sorted(SERVICES))
-    run.add_argument("--port", type=int, default=None)
-    run.set_defaults(fn=cmd_run)
-    tok = sub.add_parser("token", help="create (or replace) an API token; prints it once")
-    tok.add_argument("name")
-    tok.add_argument("--role", choices=["viewer", "operator", "fabric_admin"], default="operator")
-    tok.add_argument("--revoke", action="store_true", help="revoke the token of that name instead")
-    tok.set_defaults(fn=cmd_token)
-    rd = sub.add_parser("ready", help="exit 0 if a service on this host is ready (health checks)")
-    rd.add_argument("service", choices=sorted(SERVICES))
-    rd.add_argument("--timeout", type=float, default=2.0)
-    rd.set_defaults(fn=cmd_ready)
-    oa = sub.add_parser("openapi", help="print a service's OpenAPI document (docs/openapi/<service>.json)")
-    oa.add_argument("service", choices=sorted(SERVICES))
-    oa.set_defaults(fn=cmd_openapi)
-    aa = sub.add_parser("asyncapi", help="print the bus's AsyncAPI document (docs/asyncapi.json)")
-    aa.set_defaults(fn=cmd_asyncapi)
-    cd = sub.add_parser("config-doc", help="print docs/configuration.md (every setting of every service)")
-    cd.set_defaults(fn=cmd_config_doc)
-    args = parser.parse_args(argv)
-    return int(args.fn(args))
+    try:
+        # Without standalone mode click returns a typer.Exit's code instead of exiting.
+        rv = app(args=argv, prog_name="karios", standalone_mode=False)
+        if isinstance(rv, int):
+            return rv
+    except CliError as exc:
+        print(f"karios: {exc.message}", file=sys.stderr)
+        return exc.code
+    except typer.Exit as exc:
+        return int(exc.exit_code or 0)
+    except typer.Abort:
+        print("karios: aborted", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # click usage errors and the like: one line, no stack trace
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
 
 
 if __name__ == "__main__":

@@ -64,13 +64,29 @@ def _up_env(state: Path) -> tuple[dict[str, str], str]:
     return env, admin_token
 
 
+def otlp_env(env: dict[str, str], endpoint: str | None) -> dict[str, str]:
+    """Tracing settings of every service: the ``OTEL_*`` of this environment reach each one as
+    they are (export stays off unless configured); ``--otlp-endpoint`` sets the collector. One
+    ``OTEL_SERVICE_NAME`` cannot name five services: each names itself ``karios-<service>``."""
+    if endpoint:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+        env.setdefault("OTEL_TRACES_EXPORTER", "otlp")
+    env.pop("OTEL_SERVICE_NAME", None)
+    return env
+
+
 def _print_ready(t0: float, state: Path, env: dict[str, str], host: str, gw: str, token: str) -> None:
+    from karios.cli.client.context import ClientContext, save_context
+
+    # Every other verb (`karios provision`, `karios jobs --watch`, …) talks to this gateway.
+    ctx_path = save_context(ClientContext(url=gw, token=token, name="bootstrap-admin"))
     print(
         f"\nkarios: all services ready in {time.monotonic() - t0:.1f}s (state in {state})\n"
         f"  NATS      {env['KARIOS_NATS_URL']}\n"
         f"  API       {gw}/docs\n"
         f"  admin token (dev mode): {token}\n"
         f"  events:   curl -N -H 'Authorization: Bearer {token}' {gw}/controlnode/events\n"
+        f"  CLI:      karios nodes | karios provision BMC --watch | karios jobs (context in {ctx_path})\n"
         "A crashed service is restarted (see logs/karios.log). Ctrl-C stops everything.",
         flush=True,
     )
@@ -85,6 +101,7 @@ class Up:
         self.args, self.state, self.t0 = args, state, time.monotonic()
         state.mkdir(parents=True, exist_ok=True)
         self.env, self.admin_token = _up_env(state)
+        otlp_env(self.env, getattr(args, "otlp_endpoint", None))
         self.logs = state / "logs"
         self.logs.mkdir(exist_ok=True)
         self.sup = Supervisor(self.env, self.logs, preexec=die_with_parent)

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -261,6 +261,16 @@ def add_ops_routes(app: FastAPI, ready: ReadyCheck, registry: CollectorRegistry)
         ok = all(checks.values())
         return JSONResponse(status_code=200 if ok else 503, content={"ready": ok, "checks": checks})
 
+    ready_gauge = Gauge(
+        "karios_service_ready",
+        "Readiness checks at the last scrape (1 ok, 0 failing)",
+        ["check"],
+        registry=registry,
+    )
+
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
+        checks = await ready()  # bounded (ServiceRuntime.ready): a scrape sees what /readyz says
+        for name, ok in {**checks, "all": all(checks.values())}.items():
+            ready_gauge.labels(name).set(1 if ok else 0)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -27,6 +27,7 @@ from karios.common.telemetry import (
     context_from_headers,
     get_logger,
     new_registry,
+    server_attributes,
     setup_logging,
     setup_tracing,
 )
@@ -120,7 +121,11 @@ def build_app(
             await runtime.stop()
             log.info("service stopped", service=runtime.name)
 
-    app = FastAPI(title=title, description=description, version=version, lifespan=lifespan)
+    # The request span is _instrument_http's (one per request, with the RED metrics); FastAPI's
+    # native one would be a second, unparented server span of the same request.
+    app = FastAPI(
+        title=title, description=description, version=version, lifespan=lifespan, telemetry={"tracing": False}
+    )
     app.state.runtime = runtime
     _instrument_http(app, runtime)
     install_error_handlers(app)
@@ -148,11 +153,14 @@ def _instrument_http(app: FastAPI, runtime: ServiceRuntime) -> None:
     async def _observe(request: Request, call_next):  # type: ignore[no-untyped-def]
         start = time.perf_counter()
         ctx = context_from_headers(request.headers)
-        with tracer.start_as_current_span(f"{request.method} {request.url.path}", context=ctx) as span:
+        with tracer.start_as_current_span(
+            request.method, context=ctx, kind=trace.SpanKind.SERVER, attributes=server_attributes(request)
+        ) as span:
             response: Response = await call_next(request)
-            span.set_attribute("http.status_code", response.status_code)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
+            route = request.scope.get("route")
+            path = getattr(route, "path", "unmatched")
+            span.update_name(f"{request.method} {path}")
+            span.set_attributes({"http.route": path, "http.response.status_code": response.status_code})
         requests.labels(path, request.method, str(response.status_code)).inc()
         duration.labels(path, request.method).observe(time.perf_counter() - start)
         return response

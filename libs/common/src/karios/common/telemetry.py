@@ -1,7 +1,16 @@
 """Tracing, metrics registry and structured logs for every service.
 
-Secrets never reach logs: :func:`redact` masks any key that looks like a secret, and it
-is installed as a structlog processor.
+Logs: one pipeline for every line a service writes. structlog's own loggers and every standard
+``logging`` logger (alembic, FastStream, asyncssh, uvicorn, httpx, ``warnings``) end in the same
+root handler, whose :class:`structlog.stdlib.ProcessorFormatter` renders one JSON object per line
+with ``timestamp``, ``level``, ``event``, ``service``, ``logger``, the ``trace_id``/``span_id`` of
+the active span and whatever is bound in structlog's contextvars (``job_id``, ``node``, ``bmc_ip``).
+
+Secrets never reach logs: :func:`redact` masks any key that looks like a secret, and it is a
+processor of both chains (structlog's and the standard library's).
+
+Tracing is in :mod:`karios.common.telemetry_tracing` (OTLP/HTTP export from the ``OTEL_*``
+settings); the names services use are re-exported here.
 """
 
 from __future__ import annotations
@@ -13,13 +22,36 @@ from collections.abc import Mapping
 from typing import Any
 
 import structlog
-from opentelemetry import propagate, trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry import trace
 from prometheus_client import CollectorRegistry, ProcessCollector
+
+from karios.common.telemetry_http import server_attributes
+from karios.common.telemetry_tracing import (
+    context_from_headers,
+    current_traceparent,
+    setup_tracing,
+)
+
+__all__ = [
+    "REDACTED",
+    "context_from_headers",
+    "current_traceparent",
+    "get_logger",
+    "new_registry",
+    "redact",
+    "server_attributes",
+    "setup_logging",
+    "setup_tracing",
+]
 
 _SECRET_KEY = re.compile(r"(pass(word)?|secret|token|(^|_)key$|auth_key|authorization|credential)", re.I)
 REDACTED = "***"
+
+#: Loggers that are chatty at INFO (asyncssh logs every channel and command over several lines,
+#: httpx every request: the spans carry both): WARNING unless the service logs at DEBUG.
+QUIET_LOGGERS = ("asyncssh", "httpx", "httpcore")
+#: Loggers that install their own stream handlers; they are emptied and propagate to the root.
+OWN_HANDLER_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "faststream", "alembic")
 
 
 def redact(value: Any) -> Any:
@@ -42,52 +74,93 @@ def _redact_processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> d
     return redact(event_dict)  # type: ignore[no-any-return]
 
 
-def setup_logging(service: str, level: str = "INFO", json: bool = True) -> None:
-    processors: list[Any] = [
+def add_trace_ids(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """``trace_id`` / ``span_id`` (hex, as trace stores show them) of the span active now."""
+    ctx = trace.get_current_span().get_span_context()
+    if ctx.is_valid:
+        event_dict.setdefault("trace_id", format(ctx.trace_id, "032x"))
+        event_dict.setdefault("span_id", format(ctx.span_id, "016x"))
+    return event_dict
+
+
+class _Service:
+    name = ""
+
+
+def _add_service(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    # contextvars carry it in tasks; threads started without a copied context get it here.
+    if _Service.name:
+        event_dict.setdefault("service", _Service.name)
+    return event_dict
+
+
+def _event_to_str(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    event = event_dict.get("event")
+    if not isinstance(event, str):
+        event_dict["event"] = str(event)
+    return event_dict
+
+
+def _shared_processors() -> list[Any]:
+    return [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso"),
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _add_service,
+        add_trace_ids,
         _redact_processor,
     ]
-    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+
+
+class _KariosHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The root handler installed by :func:`setup_logging` (replaced, never stacked)."""
+
+
+def setup_logging(service: str, level: str = "INFO", json: bool = True) -> None:
+    """Route structlog and the standard library through one processor chain to stderr."""
+    _Service.name = service
+    shared = _shared_processors()
+    renderer: Any = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    numeric = logging.getLevelName(level.upper())
     structlog.configure(
-        processors=[*processors, structlog.processors.format_exc_info, renderer],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        processors=[
+            *shared,
+            structlog.processors.format_exc_info,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.stdlib.LoggerFactory(),
         cache_logger_on_first_use=False,
     )
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format=f"%(asctime)s {service} %(name)s %(levelname)s %(message)s",
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name, _event_to_str],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
     )
+    handler = _KariosHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _KariosHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(numeric)
+    for name in OWN_HANDLER_LOGGERS:
+        lg = logging.getLogger(name)
+        lg.handlers.clear()
+        lg.propagate = True
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(numeric if numeric <= logging.DEBUG else logging.WARNING)
+    logging.captureWarnings(True)
     structlog.contextvars.bind_contextvars(service=service)
 
 
 def get_logger(name: str | None = None) -> Any:
     return structlog.get_logger(name)
-
-
-_tracer_provider: TracerProvider | None = None
-
-
-def setup_tracing(service: str) -> trace.Tracer:
-    """Install a tracer provider (exporters are configured by standard OTEL_* env vars)."""
-    global _tracer_provider
-    if _tracer_provider is None:
-        _tracer_provider = TracerProvider(resource=Resource.create({"service.name": f"karios-{service}"}))
-        trace.set_tracer_provider(_tracer_provider)
-    return trace.get_tracer(f"karios.{service}")
-
-
-def current_traceparent() -> str | None:
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return carrier.get("traceparent")
-
-
-def context_from_headers(headers: Mapping[str, str] | None) -> Any:
-    return propagate.extract(dict(headers or {}))
 
 
 def new_registry() -> CollectorRegistry:

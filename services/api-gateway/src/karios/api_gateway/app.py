@@ -7,10 +7,13 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from karios.api_gateway.auth import Role, TokenCache, create_token
+from karios.api_gateway.errordoc import document_errors
 from karios.api_gateway.events import EventRelay
 from karios.api_gateway.models import SCHEMA
+from karios.api_gateway.outbox import CommandOutbox, kill_after_commit_hook, waiting_msg_ids
 from karios.api_gateway.readmodel import ProvisionProjector
 from karios.api_gateway.routes import ROUTERS
+from karios.common.bus.stats import BusStats
 from karios.common.crypto import SecretBox
 from karios.common.service import ServiceRuntime, build_app
 from karios.common.settings import KariosSettings
@@ -27,6 +30,17 @@ def create_app(settings: KariosSettings | None = None) -> FastAPI:
     relay = EventRelay(
         rt.bus, rt.registry, queue_size=settings.sse_queue_size, keepalive=settings.sse_keepalive
     )
+    bus_stats = BusStats(rt.bus).register(rt.registry)  # JetStream depths: read by the gateway only
+
+    projector = ProvisionProjector(
+        rt.bus,
+        rt.db,
+        lost_after=settings.job_lost_after,
+        reconcile_every=settings.job_reconcile_interval,
+        waiting=waiting_msg_ids,
+    )
+    outbox = CommandOutbox(rt.bus, rt.db.engine, on_relayed=projector.relayed, registry=rt.registry)
+    rt.extra_checks["outbox"] = outbox.healthy
 
     async def on_start(rt: ServiceRuntime) -> None:
         assert rt.db is not None
@@ -35,18 +49,17 @@ def create_app(settings: KariosSettings | None = None) -> FastAPI:
                 rt.db, "bootstrap-admin", Role.fabric_admin, settings.bootstrap_admin_token.get_secret_value()
             )
         await relay.start()
-        rt.state["projector"] = ProvisionProjector(
-            rt.bus,
-            rt.db,
-            lost_after=settings.job_lost_after,
-            reconcile_every=settings.job_reconcile_interval,
-        )
-        await rt.state["projector"].start()
+        bus_stats.start()
+        rt.state["projector"] = projector
+        await projector.start()
+        await outbox.start()  # relays what an earlier process committed but never published
 
     async def on_stop(_rt: ServiceRuntime) -> None:
+        await outbox.stop()
         if "projector" in rt.state:
             await rt.state["projector"].stop()
         await relay.stop()
+        await bus_stats.stop()
 
     app = build_app(
         rt,
@@ -56,8 +69,11 @@ def create_app(settings: KariosSettings | None = None) -> FastAPI:
         on_stop=on_stop,
     )
     app.state.relay = relay
+    app.state.outbox = outbox
+    app.state.after_outbox_commit = kill_after_commit_hook()
     app.state.token_cache = tokens
     app.state.secret_box = SecretBox.from_settings(settings)
     for router in ROUTERS():
         app.include_router(router)
+    document_errors(app)  # every 4xx/5xx in the OpenAPI document is ErrorResponse
     return app

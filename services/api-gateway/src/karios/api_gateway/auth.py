@@ -101,6 +101,12 @@ async def revoke_token(db: Database, name: str, *, bus: Bus | None = None) -> No
     await _announce(bus, name)
 
 
+async def list_tokens(db: Database) -> list[ApiToken]:
+    """Every token's name, role, creation time and revocation (never a hash or the token)."""
+    async with db.session() as s:
+        return list((await s.exec(select(ApiToken).order_by(ApiToken.name))).all())
+
+
 async def authenticate(db: Database, token: str) -> Principal | None:
     async with db.session() as s:
         row = (await s.exec(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))).first()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -232,8 +232,9 @@ class ProvisionProjector:
         *,
         lost_after: float = LOST_AFTER_S,
         reconcile_every: float = RECONCILE_EVERY_S,
+        waiting: Callable[[], Any] | None = None,
     ) -> None:
-        self.bus, self.db = bus, db
+        self.bus, self.db, self.waiting = bus, db, waiting
         self.lost_after, self.reconcile_every = lost_after, reconcile_every
         self._consumers: list[Any] = []
         self._loop: asyncio.Task[None] | None = None
@@ -249,9 +250,21 @@ class ProvisionProjector:
         if job is not None:
             await end_job(self.bus, job, f"the provisioner could not take the job: {ev.message}")
 
+    async def relayed(self, command: Any) -> None:
+        """The outbox relay published ``command``: a queued job's clock restarts there, so a
+        command that waited out a long bus outage is not taken for a lost one."""
+        if isinstance(command, StartProvision):
+            async with self.db.session() as s, s.begin():
+                await s.exec(
+                    sa.update(JobRow)
+                    .where(JobRow.id == command.job_id, JobRow.job_status == "queued")  # type: ignore[arg-type]
+                    .values(updated_at=_now())
+                )
+
     async def reconcile(self, job_ids: Collection[str] | None = None) -> list[str]:
         """Fail the live jobs (of ``job_ids`` if given) older than ``lost_after`` that no
-        provisioner knows; their ids. Without an answer from the provisioners (bus down, none
+        provisioner knows and whose command is not waiting in the outbox (``waiting``: a
+        subquery of their dedupe ids); their ids. Without an answer from the provisioners (bus down, none
         running) nothing is failed: the request raises and the next round tries again.
         """
         cutoff = _now() - timedelta(seconds=self.lost_after)
@@ -261,6 +274,8 @@ class ProvisionProjector:
             .where(JobRow.job_type.in_(WORKER_JOB_TYPES))  # type: ignore[attr-defined]
             .where(JobRow.updated_at < cutoff)
         )
+        if self.waiting is not None:  # a command still in the outbox has not been lost (bus down)
+            query = query.where(JobRow.id.notin_(self.waiting()))  # type: ignore[attr-defined]
         if job_ids is not None:
             query = query.where(JobRow.id.in_(list(job_ids)))  # type: ignore[attr-defined]
         async with self.db.session() as s:

@@ -116,4 +116,5 @@ async def readyz(request: Request) -> PlainTextResponse:
 @router.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
 async def metrics_endpoint(request: Request) -> Response:
     """Prometheus metrics (``bootapi_*``)."""
+    _server(request).metrics.set_ready(request.app.state.store.ready)
     return Response(generate_latest(_server(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)

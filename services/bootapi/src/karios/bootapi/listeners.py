@@ -17,7 +17,15 @@ def build_servers(settings: KariosSettings, boot: BootapiSettings) -> list[uvico
     host, port = boot.resolved_listen_addr(settings.host, settings.bootapi_port)
     servers = [
         uvicorn.Server(
-            uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level="warning",
+                access_log=False,
+                lifespan="on",
+                log_config=None,
+            )
         )
     ]
     if boot.tls_listen_addr:
@@ -33,6 +41,7 @@ def build_servers(settings: KariosSettings, boot: BootapiSettings) -> list[uvico
                     log_level="warning",
                     access_log=False,
                     lifespan="off",
+                    log_config=None,
                     ssl_certfile=str(boot.tls_cert_file),
                     ssl_keyfile=str(boot.tls_key_file),
                 )

@@ -61,8 +61,16 @@ class BootapiMetrics:
         self.template_generation = Gauge(
             "bootapi_template_generation", "Generation of the template set being served.", registry=r
         )
+        self.ready = Gauge(  # the name every service uses (karios.common.http), set at each scrape
+            "karios_service_ready", "Readiness checks at the last scrape (1 ok)", ["check"], registry=r
+        )
         for p in ("ok", "unauthorized", "notfound", "error", "disabled"):
             self.provisioned.labels(p)
         for k in ("ipxe", "kickstart", "preseed"):
             for res in ("ok", "error"):
                 self.render.labels(k, res)
+
+    def set_ready(self, templates_loaded: bool) -> None:
+        """bootapi is ready when a template set is parsed (it serves from its cache without the bus)."""
+        for check in ("templates", "all"):
+            self.ready.labels(check).set(1 if templates_loaded else 0)

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from karios.common.crypto import SecretBox
 from karios.common.service import ServiceRuntime, build_app
 from karios.common.settings import KariosSettings
+from karios.fabric_worker import metrics
 from karios.fabric_worker.config.handlers import register_config
 from karios.fabric_worker.models import SCHEMA
 from karios.fabric_worker.rollout import recovery
@@ -26,6 +27,7 @@ def create_app(
 ) -> FastAPI:
     settings = settings or KariosSettings()
     rt = ServiceRuntime(SERVICE, settings, schema=SCHEMA, migrations=Path(__file__).parent / "migrations")
+    metrics.install(rt.registry)
     box = SecretBox.from_settings(settings)
     rollout = register_rollout(rt, box, rollout_settings or FabricWorkerSettings())
     register_config(rt, box, rollout)

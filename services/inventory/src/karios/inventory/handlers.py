@@ -24,6 +24,13 @@ from karios.common.contracts.inventory import (
     RegisterNode,
     SetPxeEnabled,
 )
+from karios.common.contracts.nodes import (
+    AdoptNode,
+    ComputeNodeQuery,
+    ComputeNodesQuery,
+    RegisterComputeNode,
+    RemoveComputeNode,
+)
 from karios.common.errors import Forbidden, Unauthorized, ValidationFailed
 from karios.inventory import webhook
 from karios.inventory.service import InventoryService
@@ -41,6 +48,11 @@ def wire(bus: Bus, svc: InventoryService) -> None:
         (sub.request("inventory", "set_pxe_enabled"), SetPxeEnabled, svc.set_pxe_enabled),
         (sub.query("inventory", "bmc_hardware"), BmcHardwareQuery, svc.bmc_hardware),
         (sub.request("inventory", "allocate_ip"), AllocateIp, svc.allocate_ip),
+        (sub.request("inventory", "adopt_node"), AdoptNode, svc.adopt_node),
+        (sub.request("inventory", "register_compute_node"), RegisterComputeNode, svc.register_compute_node),
+        (sub.request("inventory", "remove_compute_node"), RemoveComputeNode, svc.remove_compute_node),
+        (sub.query("inventory", "compute_nodes"), ComputeNodesQuery, svc.compute_nodes),
+        (sub.query("inventory", "compute_node"), ComputeNodeQuery, svc.compute_node),
     ]
     for subject, model, handler in routes:
         bus.query_responder(subject, model, handler)

@@ -43,4 +43,26 @@ class BmcInfo(SQLModel, table=True):
     updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
 
 
+class ComputeNodeRow(SQLModel, table=True):
+    """A compute node of the fabric, adopted by OS address or registered at first boot. The
+    password and private key are SecretBox ciphertext (contexts ``node:`` / ``node-key:<node_ip>``);
+    ``host_key`` is the key pinned at adoption (the fabric worker's pin store holds it too)."""
+
+    __tablename__ = "compute_nodes"
+    __table_args__ = {"schema": SCHEMA}
+
+    node_ip: str = Field(primary_key=True, max_length=64)
+    bmc_ip: str | None = Field(default=None, max_length=64, index=True)
+    hostname: str | None = Field(default=None, max_length=253)
+    ssh_port: int = 22
+    os_username: str = Field(default="root", max_length=128)
+    os_password_enc: str | None = None
+    ssh_private_key_enc: str | None = None
+    host_key: str | None = None
+    host_key_fingerprint: str | None = Field(default=None, max_length=128)
+    source: str = Field(default="adopted", max_length=16)
+    created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+    updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+
+
 processed_messages = processed_messages_table(SQLModel.metadata, SCHEMA)

@@ -3,6 +3,8 @@ hardware lookups (the cached store). Every change it makes is published as an ev
 
 from __future__ import annotations
 
+import contextlib
+
 from karios.common.bus.runtime import Bus
 from karios.common.contracts.inventory import (
     AllocateIp,
@@ -23,9 +25,23 @@ from karios.common.contracts.inventory import (
     RegisterNodeResult,
     SetPxeEnabled,
 )
+from karios.common.contracts.nodes import (
+    AdoptNode,
+    ComputeNode,
+    ComputeNodeChanged,
+    ComputeNodePage,
+    ComputeNodeQuery,
+    ComputeNodesQuery,
+    PinnedHostKey,
+    PinNodeHostKey,
+    RegisterComputeNode,
+    ReleasedFabricNode,
+    ReleaseFabricNode,
+    RemoveComputeNode,
+)
 from karios.common.db import Database
-from karios.common.errors import NotFound
-from karios.inventory import registry
+from karios.common.errors import NotFound, ServiceUnavailable
+from karios.inventory import compute, registry
 from karios.inventory.lookups import Inventory, device_changed_for
 from karios.inventory.store import InventoryStore, parse_ident
 
@@ -71,17 +87,107 @@ class InventoryService:
             return [registry.summarize(r) for r in await registry.list_nodes(session)]
 
     async def node_access(self, q: NodeAccessQuery) -> list[NodeAccess]:
+        """The fabric's node set (registry rows with an OS IP + compute nodes), or one node."""
         async with self.db.session() as session:
-            if q.bmc_ip or q.node_ip:
-                row = await registry.get_node(session, bmc_ip=q.bmc_ip, node_ip=q.node_ip)
-                if row is None:
-                    what = f"BMC IP {q.bmc_ip}" if q.bmc_ip else f"IP {q.node_ip}"
-                    raise NotFound(f"no registered node with {what}")
-                rows = [row]
-            else:
-                rows = await registry.list_nodes(session)
-        out = [a for a in (registry.node_access(r) for r in rows) if a is not None]
+            pairs = await compute.node_set(session)
+        out = [a for a in (compute.to_access(p) for p in pairs) if a is not None]
+        if q.bmc_ip or q.node_ip:
+            out = [a for a in out if (a.bmc_ip == q.bmc_ip if q.bmc_ip else a.node_ip == q.node_ip)]
+            if not out:
+                what = f"BMC IP {q.bmc_ip}" if q.bmc_ip else f"IP {q.node_ip}"
+                raise NotFound(f"no registered node with {what}")
         return [a for a in out if not (q.compute_only and a.is_control_node)]
+
+    # -- compute nodes (the fabric's node set) --------------------------------------------------
+    async def adopt_node(self, cmd: AdoptNode) -> ComputeNode:
+        """Pin the host key through the fabric worker (one SSH contact), then store the node.
+        Unreachable, refused login or a changed key: the fabric's error, nothing stored."""
+        async with self.db.session() as session:
+            earlier = await compute.get(session, cmd.node_ip)
+        pin = PinNodeHostKey.model_validate(
+            {
+                **cmd.model_dump(exclude={"hostname", "bmc_ip"}),
+                "known_host_key": earlier.host_key if earlier else None,
+            }
+        )
+        pinned: PinnedHostKey = await self.bus.request(
+            self.bus.subjects.request("fabric", "pin_host_key"),
+            pin,
+            timeout=cmd.connect_timeout + 5,
+            reply=PinnedHostKey,
+        )
+        async with self.db.session() as session, session.begin():
+            row, _created = await compute.upsert(
+                session,
+                cmd,
+                source="adopted",
+                hostname=cmd.hostname,
+                bmc_ip=cmd.bmc_ip,
+                host_key=pinned.host_key,
+                fingerprint=pinned.fingerprint,
+            )
+            node = compute.view(row)
+        await self._changed(node, "adopted")
+        return node
+
+    async def register_compute_node(self, cmd: RegisterComputeNode) -> ComputeNode:
+        """First boot of a node Karios installed (idempotent per address). Its old pinned key,
+        if any, is forgotten: a fresh install has a new one, pinned at the next contact."""
+        with contextlib.suppress(ServiceUnavailable):  # no fabric worker yet: nothing pinned
+            await self.bus.request(
+                self.bus.subjects.request("fabric", "release_node"),
+                ReleaseFabricNode(node_ip=cmd.node_ip, reinstalled=True),
+                reply=ReleasedFabricNode,
+            )
+        async with self.db.session() as session, session.begin():
+            row, _created = await compute.upsert(
+                session, cmd, source="firstboot", hostname=cmd.hostname, bmc_ip=cmd.bmc_ip
+            )
+            node = compute.view(row)
+        await self._changed(node, "registered")
+        return node
+
+    async def compute_nodes(self, q: ComputeNodesQuery) -> ComputeNodePage:
+        async with self.db.session() as session:
+            pairs = await compute.node_set(session)
+        items = [compute.to_view(p) for p in pairs[q.offset : q.offset + q.limit]]
+        return ComputeNodePage(items=items, total=len(pairs), offset=q.offset, limit=q.limit)
+
+    async def compute_node(self, q: ComputeNodeQuery) -> ComputeNode:
+        async with self.db.session() as session:
+            pairs = await compute.node_set(session)
+        for p in pairs:
+            node = compute.to_view(p)
+            if node.node_ip == q.node_ip:
+                return node
+        raise NotFound(f"node_ip: no compute node with address {q.node_ip}", field="node_ip")
+
+    async def remove_compute_node(self, cmd: RemoveComputeNode) -> ComputeNode:
+        """409 (from the fabric worker) while the node holds fabric state; else the node leaves
+        the set and its pinned host key is forgotten."""
+        node = await self.compute_node(ComputeNodeQuery(node_ip=cmd.node_ip))
+        await self.bus.request(
+            self.bus.subjects.request("fabric", "release_node"),
+            ReleaseFabricNode(node_ip=cmd.node_ip),
+            reply=ReleasedFabricNode,
+        )
+        async with self.db.session() as session, session.begin():
+            await compute.remove(session, cmd.node_ip)
+        await self._changed(node, "removed")
+        return node
+
+    async def _changed(self, node: ComputeNode, change: str) -> None:
+        await self.bus.publish_event(
+            ComputeNodeChanged(
+                node_ip=node.node_ip,
+                change=change,  # type: ignore[arg-type]
+                hostname=node.hostname,
+                bmc_ip=node.bmc_ip,
+                host_key_fingerprint=node.host_key_fingerprint,
+            ),
+            self.bus.subjects.evt("inventory", f"node.{change}", node.node_ip),
+            entity=node.node_ip,
+        )
 
     async def bmc_access(self, q: BmcAccessQuery) -> BmcAccess:
         async with self.db.session() as session:

@@ -14,11 +14,13 @@ from karios.common.crypto import SecretBox
 from karios.common.errors import NotFound
 from karios.common.service import ServiceRuntime, build_app
 from karios.common.settings import KariosSettings
+from karios.provisioner import metrics
 from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.handlers import wire
 from karios.provisioner.jobs import JobService
 from karios.provisioner.media import MediaBuilder
 from karios.provisioner.models import SCHEMA
+from karios.provisioner.tlspins import TlsPins, wire_tls_pins
 
 SERVICE = "provisioner"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -43,9 +45,12 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
     cfg = config or ProvisionerConfig.from_env(settings)
     rt = ServiceRuntime(SERVICE, settings, schema=SCHEMA, migrations=Path(__file__).parent / "migrations")
     assert rt.db is not None
+    metrics.install(rt.registry)
     media = MediaBuilder(cfg.cache_dir, cfg.media_dir)
     svc = JobService(rt.bus, rt.db, SecretBox.from_settings(settings), cfg, media)
     wire(rt.bus, svc)
+    svc.bmcs.pins = TlsPins(rt.db)  # BMC TLS: trust on first use (drivers/tls.py)
+    wire_tls_pins(rt.bus, svc.bmcs.pins)
 
     async def on_start(_rt: ServiceRuntime) -> None:
         rt.state["stuck_task"] = asyncio.create_task(svc.stuck_loop())

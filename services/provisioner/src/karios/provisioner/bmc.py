@@ -17,6 +17,7 @@ from karios.common.errors import KariosError
 from karios.common.telemetry import get_logger
 from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.drivers import BmcEndpoint, RedfishDriver, driver_for
+from karios.provisioner.drivers.tls import PinStore, tls_mode
 
 log = get_logger(__name__)
 
@@ -26,6 +27,7 @@ class BmcAccessor:
     bus: Bus
     box: SecretBox
     cfg: ProvisionerConfig
+    pins: PinStore | None = None  # BMC TLS pins (trust on first use); the service passes TlsPins
 
     async def credentials(self, cmd: StartProvision) -> tuple[str, str]:
         ip = cmd.spec.bmc_ip
@@ -56,12 +58,15 @@ class BmcAccessor:
         timeout, retries = self.cfg.bmc_timeout, self.cfg.bmc_retries
         if probe:
             timeout, retries = min(timeout, self.cfg.bmc_probe_timeout), min(retries, 1)
+        base_url = over.get("url") or f"{self.cfg.bmc_scheme}://{ip}"
         return BmcEndpoint(
             bmc_ip=ip,
-            base_url=over.get("url") or f"{self.cfg.bmc_scheme}://{ip}",
+            base_url=base_url,
             username=user,
             password=password,
-            verify_tls=bool(over.get("verify_tls", self.cfg.bmc_verify_tls)),
+            tls=tls_mode(base_url, over, self.cfg.bmc_ca_bundle),
+            ca_bundle=self.cfg.bmc_ca_bundle,
+            pins=self.pins,
             system_id=over.get("system_id", ""),
             timeout=timeout,
             retries=retries,

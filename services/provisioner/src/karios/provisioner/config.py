@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from karios.common.settings import KariosSettings
@@ -46,7 +46,12 @@ class ProvisionerConfig(BaseSettings):
     claim_batch: int = Field(16, ge=1, description="Jobs claimed per sweep")
     max_attempts: int = Field(5, ge=1, description="Takeovers before a job fails instead of crash-looping")
     bmc_scheme: str = "https"
-    bmc_verify_tls: bool = False
+    bmc_ca_bundle: str = Field(
+        "",
+        description="PEM file of the CAs that sign BMC certificates: every BMC is verified against it "
+        "(address included). Empty: trust on first use, each BMC's certificate fingerprint pinned on "
+        'first contact and a changed one refused. Per-BMC opt-out: bmc_endpoints {"tls": "insecure"}',
+    )
     bmc_default_user: str = Field("", validation_alias=AliasChoices("bmc_user", "bmc_default_user"))
     bmc_default_password: str = Field(
         "", validation_alias=AliasChoices("bmc_password", "bmc_default_password"), repr=False
@@ -55,8 +60,9 @@ class ProvisionerConfig(BaseSettings):
     bmc_retries: int = Field(3, ge=0)
     bmc_backoff: float = Field(0.5, ge=0)
     power_deadline: float = Field(120.0, gt=0)
-    # per-BMC overrides (JSON): {"10.0.0.5": {"url": "https://…", "system_id": "…", "verify_tls": true,
-    #                                         "username": "…", "password": "…"}}
+    # per-BMC overrides (JSON): {"10.0.0.5": {"url": "https://…", "system_id": "…",
+    #   "tls": "ca" | "tofu" | "insecure" (older "verify_tls": true/false = ca/insecure),
+    #   "username": "…", "password": "…"}}
     bmc_endpoints: dict[str, dict[str, Any]] = Field(default_factory=dict, repr=False)
     mirror_host: str = Field("deb.debian.org", description="Debian archive host[:port] installers use")
     mirror_dir: str = Field("/debian", description="Directory of the Debian archive on mirror_host")
@@ -97,6 +103,14 @@ class ProvisionerConfig(BaseSettings):
     bmc_probe_timeout: float = Field(
         5.0, gt=0, description="Seconds the BMC's Redfish service root has to answer before a build"
     )
+
+    @field_validator("bmc_endpoints")
+    @classmethod
+    def _known_tls_modes(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for ip, over in value.items():
+            if "tls" in over and str(over["tls"]).lower() not in ("ca", "tofu", "insecure"):
+                raise ValueError(f"bmc_endpoints[{ip}].tls: {over['tls']!r} is not one of ca, tofu, insecure")
+        return value
 
     @classmethod
     def from_env(cls, settings: KariosSettings) -> ProvisionerConfig:

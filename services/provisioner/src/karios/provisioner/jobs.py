@@ -23,10 +23,14 @@ import hashlib
 import os
 import secrets
 import socket
+import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+import stamina
+from opentelemetry import trace
 
 from karios.common.bus.runtime import Bus
 from karios.common.contracts.provision import (
@@ -39,10 +43,12 @@ from karios.common.contracts.provision import (
 )
 from karios.common.crypto import SecretBox
 from karios.common.db import Database
-from karios.common.errors import Conflict, KariosError, NotFound, PermanentFailure
+from karios.common.errors import Conflict, KariosError, NotFound, PermanentFailure, ServiceUnavailable
 from karios.common.provisioning import refuse_second_job
-from karios.common.telemetry import get_logger
-from karios.provisioner import callbacks, upkeep, worker
+from karios.common.telemetry import current_traceparent, get_logger
+from karios.common.telemetry_http import trace_http_client
+from karios.common.telemetry_tracing import bmc_span_attributes, job_binding, job_span
+from karios.provisioner import callbacks, metrics, upkeep, worker
 from karios.provisioner.bmc import BmcAccessor, driver_of, leave_clean, serial_console_for
 from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.drivers import RedfishDriver
@@ -55,6 +61,7 @@ from karios.provisioner.repository import JobRepository, LeaseLost, now
 from karios.provisioner.statemachine import INFO, State, is_terminal
 
 log = get_logger(__name__)
+TRACER = "karios.provisioner"
 # States in which the BMC may hold our medium and boot override: a job ending there cleans it.
 AT_THE_BMC = frozenset({State.mounting, State.booting, State.installing, State.first_boot, State.stuck})
 
@@ -123,9 +130,15 @@ class JobService:
             attempt=max(1, job.attempts or 1),
             log_tail=list(job.log_tail or []),
         )
-        await self.bus.publish_event(
-            ev, self.bus.subjects.evt("provision", fact or f"job.{job.state}", job.id), entity=job.id
-        )
+        subject = self.bus.subjects.evt("provision", fact or f"job.{job.state}", job.id)
+        # The transition is committed: its event must follow, across a bus outage too (the gateway's
+        # job view is built from it). One Nats-Msg-Id for every try: JetStream drops a repeat.
+        msg_id = str(uuid.uuid4())
+        async for attempt in stamina.retry_context(
+            on=ServiceUnavailable, attempts=None, timeout=None, wait_max=2.0
+        ):
+            with attempt:
+                await self.bus.publish_event(ev, subject, entity=job.id, msg_id=msg_id)
 
     async def move(
         self,
@@ -144,6 +157,14 @@ class JobService:
         ``owned``: a worker step; only the lease owner may make it (:class:`LeaseLost` otherwise).
         """
         moved = await self.repo.move(job_id, target, message, percent=percent, owned=owned, values=values)
+        j = moved.job
+        metrics.job_moved(
+            job_type=j.job_type,
+            vendor=j.vendor,
+            state=j.state,
+            previous=moved.previous,
+            created_at=j.created_at,
+        )
         await self.emit(moved.job, fact=fact)
         if is_terminal(moved.job.state):
             self.media.remove(job_id)
@@ -184,7 +205,14 @@ class JobService:
         return token
 
     def spawn(self, job_id: str) -> None:
-        self.tasks[job_id] = asyncio.create_task(worker.run(self, job_id), name=f"job-{job_id}")
+        self.tasks[job_id] = asyncio.create_task(self._run_traced(job_id), name=f"job-{job_id}")
+
+    async def _run_traced(self, job_id: str) -> None:
+        """The worker phase as one span of the job's trace (its logs carry job_id and bmc_ip)."""
+        job = await self._job_or_none(job_id)
+        tp = job.spec.get("traceparent") if job is not None else None
+        with job_span(TRACER, "provision.job.run", tp, bind=job_binding(job_id, job)):
+            await worker.run(self, job_id)
 
     # -- use case: start ----------------------------------------------------------------
     async def handle_start(self, cmd: StartProvision) -> None:
@@ -212,7 +240,7 @@ class JobService:
                 "attempts": 1,
                 "os_ip": "",
                 "method": method,
-                "spec": cmd.model_dump(mode="json"),
+                "spec": {**cmd.model_dump(mode="json"), "traceparent": current_traceparent()},
                 "created_at": now(),
                 "updated_at": now(),
             }
@@ -221,6 +249,9 @@ class JobService:
             log.info("duplicate start command ignored", job_id=cmd.job_id)
             return
         await self.emit(await self.load(cmd.job_id))
+        metrics.job_moved(
+            job_type=cmd.job_type, vendor=cmd.spec.vendor, state="queued", previous="", created_at=None
+        )
         try:
             refuse_second_job(cmd.spec.bmc_ip, other)
         except Conflict as exc:
@@ -240,8 +271,14 @@ class JobService:
             )
         ctx = await host_context(self.bus, self.box, self.cfg, cmd, token, method)
         await self._prepare(method, ctx.major, ctx.suite)
-        medium = await asyncio.to_thread(method.medium, ctx)
-        await self.media.build_async(cmd.job_id, medium, serial_console_for(self.cfg, cmd.spec.vendor))
+        t0 = time.perf_counter()
+        with trace.get_tracer(TRACER).start_as_current_span("provision.media.build") as span:
+            medium = await asyncio.to_thread(method.medium, ctx)
+            iso = await self.media.build_async(
+                cmd.job_id, medium, serial_console_for(self.cfg, cmd.spec.vendor)
+            )
+            span.set_attributes({"karios.install_method": name, "karios.media.bytes": iso.stat().st_size})
+        metrics.medium_built(name, t0, iso.stat().st_size)
 
     async def _prepare(self, method: InstallMethod, major: str, suite: str) -> None:
         """A method's base artifacts of one release, prepared once per process (cached on disk)."""
@@ -254,7 +291,12 @@ class JobService:
                 self._prepared.add(key)
 
     async def driver(self, cmd: StartProvision, *, probe: bool = False) -> RedfishDriver:
-        return driver_of(self.driver_factory, cmd, await self.bmcs.endpoint(cmd, probe=probe))
+        drv = driver_of(self.driver_factory, cmd, await self.bmcs.endpoint(cmd, probe=probe))
+        metrics.meter_bmc(getattr(drv, "client", None), cmd.spec.vendor)
+        trace_http_client(
+            getattr(drv, "client", None), **bmc_span_attributes(cmd.spec.vendor, cmd.spec.bmc_ip)
+        )
+        return drv
 
     async def cleanup_bmc(self, job: Job) -> None:
         """Leave the BMC clean: eject our medium, clear the boot override (best effort, logged)."""
@@ -265,10 +307,23 @@ class JobService:
 
     # -- use cases: installer reports (see callbacks) -------------------------------------
     async def step(self, req: CallbackRequest) -> JobView:
-        return await callbacks.step(self, req)
+        with await self._callback_span("provision.installer.step", req.job_id):
+            return await callbacks.step(self, req)
 
     async def complete(self, req: CallbackRequest) -> JobView:
-        return await callbacks.complete(self, req)
+        with await self._callback_span("provision.installer.complete", req.job_id):
+            return await callbacks.complete(self, req)
+
+    async def _callback_span(self, name: str, job_id: str) -> Any:
+        """An installer report: a span of its own request, linked to the job's trace."""
+        job = await self._job_or_none(job_id) if job_id else None
+        tp = job.spec.get("traceparent") if job is not None else None
+        return job_span(TRACER, name, tp, link=True, bind=job_binding(job_id, job))
+
+    async def _job_or_none(self, job_id: str) -> Job | None:
+        with contextlib.suppress(NotFound):
+            return await self.repo.load(job_id)
+        return None
 
     async def firstboot(self, req: CallbackRequest) -> JobView:
         return await callbacks.firstboot(self, req)

@@ -201,6 +201,16 @@ class JobRepository:
             ).all()
         return [r[0] for r in rows]
 
+    async def counts(self) -> list[tuple[str, str, str | None, int]]:
+        """``(job_type, state, vendor, count)`` over the job table (the jobs gauge)."""
+        async with self.db.session() as s:
+            rows = await s.exec(
+                sa.select(T.c.job_type, T.c.state, T.c.vendor, sa.func.count()).group_by(
+                    T.c.job_type, T.c.state, T.c.vendor
+                )
+            )
+            return [(r[0], r[1], r[2], int(r[3])) for r in rows.all()]
+
     async def newer_than(self, job: Job) -> str | None:
         async with self.db.session() as s:
             row = (

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from karios.common.errors import Conflict, ServiceUnavailable
 from karios.common.telemetry import get_logger
+from karios.provisioner import metrics
 from karios.provisioner.statemachine import INFO, State
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ async def check_stuck(svc: JobService) -> int:
         with contextlib.suppress(Conflict):
             await svc.move(job_id, State.stuck, "no installer report before the stage deadline")
             n += 1
+    metrics.set_job_counts(await svc.repo.counts())
     return n
 
 

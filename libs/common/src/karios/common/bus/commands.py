@@ -17,9 +17,10 @@ from pydantic import ValidationError
 
 from karios.common.bus.deadletter import dead_letter
 from karios.common.bus.envelope import Envelope, RawEnvelope
+from karios.common.bus.tracing import consumer_span
 from karios.common.contracts.base import Command, Event
 from karios.common.errors import Disposition, PermanentFailure, bus_disposition, describe_for_log
-from karios.common.telemetry import context_from_headers, get_logger
+from karios.common.telemetry import get_logger
 
 if TYPE_CHECKING:
     from karios.common.bus.runtime import Bus
@@ -61,12 +62,13 @@ async def consume_command(bus: Bus, msg: NatsMessage, model: type[Command], hand
         err = PermanentFailure(f"malformed command: {exc.errors()[0].get('msg', 'invalid')}")
     if err is None:
         assert env is not None
-        tracer = trace.get_tracer(f"karios.{bus.service}")
-        with tracer.start_as_current_span(f"handle {env.type}", context=context_from_headers(raw.headers)):
+        with consumer_span(bus.service, env, raw.subject, raw.headers, deliveries) as span:
             try:
                 await handler(payload, HandlerContext(bus, env, msg, deliveries))
             except Exception as exc:
                 err = exc
+                span.set_attribute("error.type", type(exc).__name__)
+                span.set_status(trace.StatusCode.ERROR, describe_for_log(exc))
     disposition = bus_disposition(err, delivered=deliveries, max_deliver=bus.max_deliver)
     if disposition is Disposition.ACK:
         await raw.ack_sync()

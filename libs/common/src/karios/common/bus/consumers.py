@@ -23,6 +23,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 
 from karios.common.bus.envelope import Envelope, RawEnvelope
+from karios.common.bus.tracing import consumer_span, delivery_span
 from karios.common.contracts.base import Event
 from karios.common.telemetry import get_logger
 
@@ -73,7 +74,8 @@ async def subscribe_ordered(
     """Push ``subject``'s events to ``callback`` in stream order: from ``start_seq`` or only new ones."""
 
     async def on_msg(msg: Any) -> None:
-        await callback(StreamEvent.from_msg(msg))
+        with delivery_span(msg.subject, msg.headers):  # e.g. the SSE relay's fan-out
+            await callback(StreamEvent.from_msg(msg))
 
     if start_seq is None:
         sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW, cb=on_msg)
@@ -176,7 +178,8 @@ class PullConsumer(Generic[E]):
             await msg.ack()
             return
         try:
-            await self.handler(env.data, env)
+            with consumer_span("bus", env, msg.subject, msg.headers):  # e.g. the read model's projection
+                await self.handler(env.data, env)
             await msg.ack()
         except Exception as exc:
             log.warning("pull consumer handler failed", subject=msg.subject, error=type(exc).__name__)

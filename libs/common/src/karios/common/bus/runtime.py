@@ -18,6 +18,7 @@ Nothing outside this package touches the NATS client.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -55,12 +56,13 @@ from karios.common.bus.envelope import Envelope, RawEnvelope, wrap
 from karios.common.bus.replies import QueryHandler, answer_query
 from karios.common.bus.streams import ensure_streams, reconcile_consumer
 from karios.common.bus.subjects import Subjects
+from karios.common.bus.tracing import producer_span
 from karios.common.contracts.base import Command, Contract, Event, Reply
 from karios.common.errors import (
     ServiceUnavailable,
     error_from_dict,
 )
-from karios.common.telemetry import get_logger
+from karios.common.telemetry import current_traceparent, get_logger
 
 log = get_logger(__name__)
 
@@ -107,6 +109,10 @@ class Bus:
             disconnected_cb=self._on_disconnected,
             reconnected_cb=self._on_reconnected,
             middlewares=[NatsTelemetryMiddleware()],
+            # An explicit logger: FastStream's default one prints plain text past the JSON pipeline;
+            # its per-message "Received"/"Processed" lines are DEBUG (the spans record deliveries).
+            logger=logging.getLogger("karios.bus.faststream"),
+            log_level=logging.DEBUG,
         )
 
     async def _on_disconnected(self) -> None:
@@ -184,14 +190,16 @@ class Bus:
     # -- publishing ----------------------------------------------------------------
     async def _publish(self, env: Envelope[Any], subject: str) -> PubAck:
         self._require_connection("publish")
-        try:
-            return await self.js.publish(
-                subject, env.model_dump_json().encode(), headers=env.headers(), timeout=5.0
-            )
-        except _UNAVAILABLE as exc:
-            raise ServiceUnavailable(
-                "the message bus did not confirm the publish; try again shortly"
-            ) from exc
+        with producer_span(self.service, env, subject):
+            env.traceparent = current_traceparent()  # the consumer's parent is this send span
+            try:
+                return await self.js.publish(
+                    subject, env.model_dump_json().encode(), headers=env.headers(), timeout=5.0
+                )
+            except _UNAVAILABLE as exc:
+                raise ServiceUnavailable(
+                    "the message bus did not confirm the publish; try again shortly"
+                ) from exc
 
     async def publish_event(
         self,

@@ -205,6 +205,11 @@ class NodeAccess(BaseModel):
     ssh_host_key: str | None = None
     vendor: str = ""
     is_control_node: bool = False
+    # Compute nodes (karios.common.contracts.nodes): adopted / firstboot rows carry their own
+    # port and private key, their secrets under the node contexts; "registry" = os:<bmc_ip>.
+    source: str = "registry"
+    ssh_port: int = 22
+    ssh_private_key_enc: str | None = None
 
 
 class BmcAccessQuery(Query):

@@ -13,9 +13,10 @@ import asyncio
 import ipaddress
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Annotated
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from sqlmodel import select
 
 from karios.api_gateway.auth import Principal, Role, require
@@ -41,8 +42,13 @@ from karios.common.contracts.fabric_rollout import (
 )
 from karios.common.contracts.inventory import NodeAccess, NodeAccessQuery
 from karios.common.errors import KariosError, NotFound, ValidationFailed
+from karios.common.limits import Ident, IPText
 
 router = APIRouter(prefix="/controlnode/fabric-config", tags=["fabric"])
+# Path ids as long as their columns (a longer one is a 422, never a lookup).
+NodeIp = Annotated[IPText, Path(description="The node's OS IP address")]
+JobId = Annotated[Ident, Path(description="The apply's job id")]
+BatchId = Annotated[Ident, Path(description="A batch (parent) id, job id, node or BMC IP, or `registered`")]
 
 SSH_TIMEOUT = 90.0  # bus timeout of requests that SSH to nodes
 _ERRORS = {
@@ -134,7 +140,9 @@ async def apply(
     responses={404: {"description": "Not the in-flight apply"}, **_ERRORS},
 )
 async def cancel(
-    job_id: str, request: Request, _p: Principal = Depends(require(Role.fabric_admin))
+    job_id: Annotated[Ident, Path(description="The apply's job id")],
+    request: Request,
+    _p: Principal = Depends(require(Role.fabric_admin)),
 ) -> CancelAccepted:
     rt = request.app.state.runtime
     return await rt.bus.request(
@@ -177,7 +185,7 @@ async def drift(request: Request, _p: Principal = Depends(require(Role.viewer)))
     responses={404: {"description": "Node not checked (not in the fabric, or no round yet)"}, **_ERRORS},
 )
 async def node_drift(
-    request: Request, node_ip: str, _p: Principal = Depends(require(Role.viewer))
+    request: Request, node_ip: NodeIp, _p: Principal = Depends(require(Role.viewer))
 ) -> NodeDriftView:
     rt = request.app.state.runtime
     view = await rt.bus.request(
@@ -200,7 +208,7 @@ async def node_drift(
     },
 )
 async def apply_node(
-    node_ip: str,
+    node_ip: NodeIp,
     request: Request,
     force: bool = FORCE,
     principal: Principal = Depends(require(Role.fabric_admin)),
@@ -215,7 +223,7 @@ async def apply_node(
     responses={404: {"description": "Unknown node"}, 409: {"description": "An apply is running"}, **_ERRORS},
 )
 async def teardown_node(
-    node_ip: str, request: Request, _p: Principal = Depends(require(Role.fabric_admin))
+    node_ip: NodeIp, request: Request, _p: Principal = Depends(require(Role.fabric_admin))
 ) -> NodeTeardownView:
     rt = request.app.state.runtime
     return await rt.bus.request(
@@ -233,7 +241,7 @@ async def teardown_node(
     responses={404: {"description": "Unknown node or no fabric configuration"}, **_ERRORS},
 )
 async def node_postdeploy(
-    node_ip: str, request: Request, _p: Principal = Depends(require(Role.viewer))
+    node_ip: NodeIp, request: Request, _p: Principal = Depends(require(Role.viewer))
 ) -> list[PostdeployStep]:
     rt = request.app.state.runtime
     return await _postdeploy(rt, PostdeployQuery(node_ip=_node_ip(node_ip)))
@@ -292,7 +300,11 @@ async def _batch_members(rt, batch_id: str) -> list[_Member]:  # type: ignore[no
     responses={404: {"description": "Unknown batch, job or node"}, **_ERRORS},
 )
 async def batch_postdeploy(
-    batch_id: str, request: Request, _p: Principal = Depends(require(Role.viewer))
+    batch_id: Annotated[
+        Ident, Path(description="A batch (parent) id, job id, node or BMC IP, or `registered`")
+    ],
+    request: Request,
+    _p: Principal = Depends(require(Role.viewer)),
 ) -> BatchPostdeploy:
     rt = request.app.state.runtime
     members = await _batch_members(rt, batch_id)

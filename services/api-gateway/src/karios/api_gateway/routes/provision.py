@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 from sqlmodel import select
 
@@ -27,6 +27,7 @@ from karios.api_gateway.models import (
     StepBody,
     UnprovisionBody,
 )
+from karios.api_gateway.outbox import CommandOutbox
 from karios.api_gateway.readmodel import (
     JobOut,
     JobRow,
@@ -47,6 +48,8 @@ from karios.common.contracts.provision import (
 )
 from karios.common.crypto import SecretBox
 from karios.common.errors import Conflict, NotFound
+from karios.common.http import ErrorResponse
+from karios.common.limits import Ident
 from karios.common.provisioning import (
     TERMINAL_STATES,
     bound_log,
@@ -57,6 +60,8 @@ from karios.common.provisioning import (
 )
 
 router = APIRouter(prefix="/controlnode", tags=["provisioning"])
+#: A job id in a path: as long as the ``jobs.id`` column (a longer one is a 422, never a lookup).
+JobId = Annotated[Ident, Path(description="The job id (as returned by provision)")]
 VENDOR_ROUTES = ("cisco", "dell", "hp", "lenovo", "supermicro")  # POST /controlnode/provision/<vendor>
 # Fields kept in the job's metadata: those with no effect, and prefix_id (as before).
 _IN_METADATA = tuple(n for n, f in ProvisionRequest.model_fields.items() if f.description == NO_EFFECT)
@@ -119,9 +124,13 @@ async def _accept(
                 )
             else:
                 parent.total_jobs += 1
-    await rt.bus.send_command(
-        cmd, rt.bus.subjects.cmd("provision", "start"), entity=cmd.job_id, msg_id=cmd.job_id
-    )
+        # The command commits with the job row (the transactional outbox); the relay publishes
+        # it right after the commit, or when the bus is back. 202 means "committed".
+        outbox: CommandOutbox = request.app.state.outbox
+        subject = rt.bus.subjects.cmd("provision", "start")
+        await outbox.add(s, cmd, subject, entity=cmd.job_id, msg_id=cmd.job_id)
+    if (hook := request.app.state.after_outbox_commit) is not None:
+        hook()  # chaos tests only: the process dies here, between commit and relay
     body = Accepted(job_id=cmd.job_id, message=f"{cmd.job_type} of {cmd.spec.bmc_ip} queued")
     return JSONResponse(body.model_dump(), status_code=202)
 
@@ -244,14 +253,24 @@ async def _job(request: Request, job_id: str) -> JobRow:
     return row
 
 
-@router.get("/job/{id}", response_model=JobOut, summary="Get Job Status")
-async def get_job(id: str, request: Request, _p: Principal = Depends(require(Role.viewer))) -> dict:
+@router.get(
+    "/job/{id}",
+    response_model=JobOut,
+    responses={404: {"description": "No such job"}},
+    summary="Get Job Status",
+)
+async def get_job(id: JobId, request: Request, _p: Principal = Depends(require(Role.viewer))) -> dict:
     return job_json(await _job(request, id))
 
 
-@router.patch("/job/{id}", response_model=JobOut, summary="Patch Job Status (metadata, resource_name)")
+@router.patch(
+    "/job/{id}",
+    response_model=JobOut,
+    responses={404: {"description": "No such job"}},
+    summary="Patch Job Status (metadata, resource_name)",
+)
 async def patch_job(
-    id: str,
+    id: JobId,
     body: JobPatch,
     request: Request,
     _p: Principal = Depends(require(Role.operator)),
@@ -276,7 +295,7 @@ async def patch_job(
     },
     summary="Cancel a running provision job (idempotent)",
 )
-async def cancel(id: str, request: Request, _p: Principal = Depends(require(Role.operator))) -> JobView:
+async def cancel(id: JobId, request: Request, _p: Principal = Depends(require(Role.operator))) -> JobView:
     # The provisioner cancels its job; a job only the gateway knows is answered from the read
     # model: 409 naming its end if it has ended (e.g. its command was dead-lettered), else it
     # never reached a provisioner and is cancelled here (the BMC is free again).
@@ -298,6 +317,23 @@ async def cancel(id: str, request: Request, _p: Principal = Depends(require(Role
     return JobView(job_id=id, bmc_ip=row.bmc_ip, state=ev.state, status=ev.status, message=ev.message)
 
 
+# Installer callbacks (job token, no operator auth). No existence oracle: an unknown job or BMC
+# answers exactly like a wrong token (401); 404/409 only reach a caller holding a valid token.
+_CALLBACK = {
+    401: {
+        "model": ErrorResponse,
+        "description": "Missing or wrong job token, or no such job/BMC (same answer)",
+    },
+    404: {"model": ErrorResponse, "description": "Never for an unknown job or BMC (those answer 401)"},
+    409: {
+        "model": ErrorResponse,
+        "description": "The job has ended, was superseded, or has not finished installing",
+    },
+    422: {"model": ErrorResponse, "description": "Invalid field (named in `field`)"},
+    503: {"model": ErrorResponse, "description": "Provisioner unavailable"},
+}
+
+
 def installer_token(
     x_karios_job_token: str | None = Header(None, description="The job token baked into the boot medium"),
     token: str | None = Query(None, description="The job token (for installers that cannot set headers)"),
@@ -309,13 +345,14 @@ def installer_token(
 @router.post(
     "/job/{id}/step",
     response_model=JobView,
+    responses=_CALLBACK,
     summary="Installer step report (job token, no operator auth)",
     description="A step naming a stage of the job's install method gets its label and percentage; "
     '`state: "failed"` fails the job at once with "<stage label>: <message>" and keeps `log` as the '
     "job's `log_tail`.",
 )
 async def step(
-    id: str,
+    id: JobId,
     body: StepBody,
     request: Request,
     job_token: str = Depends(installer_token),
@@ -334,10 +371,13 @@ async def step(
 
 
 @router.post(
-    "/job/{id}/complete", response_model=JobView, summary="Installer reports the OS installed (job token)"
+    "/job/{id}/complete",
+    response_model=JobView,
+    responses=_CALLBACK,
+    summary="Installer reports the OS installed (job token)",
 )
 async def complete(
-    id: str,
+    id: JobId,
     body: CompleteBody,
     request: Request,
     job_token: str = Depends(installer_token),
@@ -356,7 +396,10 @@ async def complete(
 
 
 @router.post(
-    "/firstboot", response_model=JobView, summary="Installed OS reports its IP on first boot (job token)"
+    "/firstboot",
+    response_model=JobView,
+    responses=_CALLBACK,
+    summary="Installed OS reports its IP on first boot (job token); registers it as a compute node",
 )
 async def firstboot(
     body: FirstbootBody,

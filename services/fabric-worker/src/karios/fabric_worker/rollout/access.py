@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from karios.common.contracts.fabric import BGP_PASSWORD_CONTEXT, OSPF_AUTH_KEY_CONTEXT
 from karios.common.contracts.inventory import NodeAccess
+from karios.common.contracts.nodes import NodeCredentials, password_context, private_key_context
 from karios.common.crypto import SecretBox
 from karios.common.errors import Conflict, ValidationFailed
 from karios.fabric_worker.config import store
@@ -77,8 +78,12 @@ def intent_of(
     kwargs = _intent_fields(row, settings)
     if box is not None and row.bgp_password_enc:
         kwargs["bgp_password"] = box.decrypt(row.bgp_password_enc, context=BGP_PASSWORD_CONTEXT)
-    if box is not None and row.ospf_auth_key_enc and kwargs["ospf_auth_type"] != "none":
-        kwargs["ospf_auth_key"] = box.decrypt(row.ospf_auth_key_enc, context=OSPF_AUTH_KEY_CONTEXT)
+    if row.ospf_auth_key_enc and kwargs["ospf_auth_type"] != "none":
+        # Only checking: the stored key (its length and characters were checked when it was
+        # written) is stood in for, so a config with OSPF authentication passes the check.
+        kwargs["ospf_auth_key"] = (
+            box.decrypt(row.ospf_auth_key_enc, context=OSPF_AUTH_KEY_CONTEXT) if box else "stored-key"
+        )
     try:
         return FabricIntent(**kwargs)
     except ValidationError as exc:  # only loc + msg: never the (secret) input value
@@ -97,22 +102,59 @@ def private_key(settings: FabricWorkerSettings) -> str | None:
         raise Conflict(f"KARIOS_FABRIC_SSH_KEY {path}: cannot read ({exc.strerror})") from None
 
 
+def _node_secrets(
+    a: NodeCredentials | NodeAccess, box: SecretBox, own: bool
+) -> tuple[str | None, str | None]:
+    """(password, private key) of a node, decrypted: compute nodes (`own`) under the node
+    contexts, registry rows under ``os:<bmc_ip>`` (and no key of their own)."""
+    if not own:
+        assert isinstance(a, NodeAccess)
+        pw = box.decrypt(a.os_password_enc, context=f"os:{a.bmc_ip}") if a.os_password_enc else None
+        return pw, None
+    pw = box.decrypt(a.os_password_enc, context=password_context(a.node_ip)) if a.os_password_enc else None
+    key = (
+        box.decrypt(a.ssh_private_key_enc, context=private_key_context(a.node_ip))
+        if a.ssh_private_key_enc
+        else None
+    )
+    return pw, key
+
+
 def node_targets(
     access: list[NodeAccess], box: SecretBox, key: str | None, known: dict[str, str]
 ) -> list[NodeTarget]:
     """Registered nodes as SSH targets (OS passwords decrypted here), in address order;
-    `known`: host keys first seen by an earlier job, used when the inventory has none."""
+    `known`: host keys first seen by an earlier job, used when the inventory has none.
+    An adopted node logs in with its own credentials only (not the worker's `key`); a node
+    registered at first boot with its password or the worker's key (the installer may have
+    authorized it)."""
     out = []
     for a in access:
-        password = box.decrypt(a.os_password_enc, context=f"os:{a.bmc_ip}") if a.os_password_enc else None
+        own = a.source != "registry"
+        password, own_key = _node_secrets(a, box, own)
         out.append(
             NodeTarget(
                 node_ip=a.node_ip,
                 fqdn=a.fqdn or a.hostname,
+                ssh_port=a.ssh_port,
                 username=a.os_username or "root",
-                private_key=key,
+                private_key=own_key or (None if a.source == "adopted" and password else key),
                 password=password,
                 known_host_key=a.ssh_host_key or known.get(a.node_ip),
             )
         )
     return sorted(out, key=lambda t: ipaddress.ip_address(t.node_ip))
+
+
+def adoption_target(creds: NodeCredentials, box: SecretBox, key: str | None, known: str | None) -> NodeTarget:
+    """The one-shot target of a host-key pinning (labelled by address and port in errors)."""
+    password, own_key = _node_secrets(creds, box, True)
+    return NodeTarget(
+        node_ip=creds.node_ip,
+        fqdn=f"{creds.node_ip} port {creds.ssh_port}",
+        ssh_port=creds.ssh_port,
+        username=creds.os_username,
+        private_key=own_key or (None if password else key),
+        password=password,
+        known_host_key=known,
+    )

@@ -29,7 +29,7 @@ from karios.common.contracts.fabric_rollout import (
 )
 from karios.common.crypto import SecretBox
 from karios.common.service import ServiceRuntime
-from karios.fabric_worker.rollout import apply, checks, drift_watch, teardown
+from karios.fabric_worker.rollout import apply, checks, drift_watch, nodes, teardown
 from karios.fabric_worker.rollout.service import RolloutService
 from karios.fabric_worker.settings import FabricWorkerSettings
 
@@ -59,4 +59,5 @@ def register_rollout(rt: ServiceRuntime, box: SecretBox, settings: FabricWorkerS
     bus.query_responder(sub.query("fabric", "latest"), FabricLatestQuery, partial(apply.latest, svc))
     bus.query_responder(sub.query("fabric", "postdeploy"), PostdeployQuery, partial(checks.postdeploy, svc))
     bus.query_responder(sub.query("fabric", "drift"), FabricDriftQuery, partial(drift_watch.drift, svc))
+    nodes.register_nodes(svc)  # req.fabric.pin_host_key / release_node (node adoption, removal)
     return svc

@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from karios.common.contracts.fabric_rollout import FabricRolloutEvent
 from karios.common.errors import Conflict, NotFound
+from karios.common.telemetry_tracing import job_span
+from karios.fabric_worker import metrics
 from karios.fabric_worker.rollout.facts import NodeFacts
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, NodeTarget
 from karios.fabric_worker.rollout.node import (
@@ -249,6 +251,7 @@ class ApplyJob:
             JobStatus.COMPLETED: "apply_completed",
             JobStatus.PARTIAL: "apply_degraded",
         }.get(self.summary.job_status, "apply_failed")
+        metrics.job_ended("apply", self.summary.job_status)
         await self._emit(final, message=self.summary.error)
         return self.summary
 
@@ -326,7 +329,8 @@ class JobRegistry:
         self.latest = job.summary
 
         async def runner() -> JobSummary:
-            summary = await job.run()
+            with job_span("karios.fabric-worker", "fabric.apply.run", None, bind={"job_id": job.job_id}):
+                summary = await job.run()
             self.latest = summary
             return summary
 

@@ -14,6 +14,8 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from karios.common.errors import KariosError
+from karios.common.telemetry_tracing import job_span, step_span
+from karios.fabric_worker import metrics
 from karios.fabric_worker.rollout.errors import (
     FabricVerifyFailed,
     HostKeyChanged,
@@ -51,6 +53,7 @@ from karios.fabric_worker.rollout.ssh import NodeSession, open_session, redact
 
 EVPN_SUMMARY_COMMAND = "vtysh -c 'show bgp l2vpn evpn summary json'"
 T = TypeVar("T")
+TRACER = "karios.fabric-worker"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +232,8 @@ class NodeRollout:
         try:
             self._check_abort(abort)
             await self._emit("node_connecting")
-            await until_abort(self._connect_and_apply(abort), abort, self.target.label)
+            with job_span(TRACER, "fabric.node.apply", None, bind={"node": self.target.node_ip}):
+                await until_abort(self._connect_and_apply(abort), abort, self.target.label)
             r.ok = True
             await self._emit("node_ready", "unchanged" if not r.changed else f"FRR {r.frr_action or 'kept'}")
         except KariosError as exc:
@@ -238,6 +242,7 @@ class NodeRollout:
             await self._emit("node_failed", r.error)
         finally:
             r.duration_s = round(time.monotonic() - t0, 3)
+            metrics.node_applied(self.target.node_ip, r.ok, r.duration_s)
         return r
 
     async def _connect_and_apply(self, abort: asyncio.Event | None) -> None:
@@ -253,7 +258,8 @@ class NodeRollout:
 
     async def _apply_with(self, s: NodeSession, abort: asyncio.Event | None) -> None:
         r, opts = self.result, self.options
-        facts = await self._discover(s)
+        with step_span(TRACER, "fabric.node.load"):
+            facts = await self._discover(s)
         self.baseline = facts
         r.fqdn = r.fqdn or facts.hostname
         iface, mtu = self._underlay(facts)
@@ -271,8 +277,10 @@ class NodeRollout:
             self.intent,
             NodeRenderInput(hostname=facts.hostname or r.fqdn, vtep_ip=self.vtep_ip, underlay_iface=iface),
         ).as_dict()
-        plan = frr_plan(facts, files)
-        net = network_commands(facts, self._desired(facts, mtu))
+        with step_span(TRACER, "fabric.node.diff") as span:
+            plan = frr_plan(facts, files)
+            net = network_commands(facts, self._desired(facts, mtu))
+            span.set_attributes({"karios.frr_action": plan.action.value, "karios.link_changes": len(net)})
         if not plan.changed and not net:
             r.steps.append("unchanged")
             await self._emit("node_unchanged", "running config equals the rendered config")
@@ -281,17 +289,19 @@ class NodeRollout:
             await self._keep_baseline()
             await self._emit("node_committing", f"{len(plan.writes)} file(s), {len(net)} link change(s)")
             r.touched = r.changed = True
-            await self._run_script(s, net)
-            if net:
-                r.steps.append("vtep_configured")
-            r.frr_action = plan.action.value
-            await self._apply_frr(s, plan)
+            with step_span(TRACER, "fabric.node.commit"):
+                await self._run_script(s, net)
+                if net:
+                    r.steps.append("vtep_configured")
+                r.frr_action = plan.action.value
+                await self._apply_frr(s, plan)
             r.steps.append(
                 f"frr_{plan.action.value}" if plan.action is not FrrAction.NONE else "frr_config_written"
             )
         self._check_abort(abort)
         await self._emit("node_verifying")
-        await self._verify(s, abort)
+        with metrics.timed("verify", FabricVerifyFailed), step_span(TRACER, "fabric.node.verify"):
+            await self._verify(s, abort)
         r.steps.append("verified")
 
     async def _verify(self, s: NodeSession, abort: asyncio.Event | None) -> None:
@@ -303,6 +313,7 @@ class NodeRollout:
             out = await s.run(EVPN_SUMMARY_COMMAND, limit_s=self.options.command_timeout, check=False)
             peer = parse_evpn_summary(out.stdout, self.intent.peer_ip) if out.exit_status == 0 else None
             verdict = verify_verdict(peer, self.intent.peer_ip, expect_routes) or ""
+            metrics.evpn_seen(self.target.node_ip, peer)
             if not verdict:
                 return
             if time.monotonic() >= deadline:
@@ -321,15 +332,19 @@ class NodeRollout:
         """Put the node back to its baseline (previous files, FRR state, vtep0/VXLAN devices)."""
         if self.baseline is None:
             return
-        ok, msg = await rollback_node(
-            self.target,
-            self.baseline,
-            self.intent.vnis,
-            options=self.options,
-            secrets=self._secrets,
-            progress=self._progress,
-            fqdn=self.result.fqdn,
-        )
+        t0 = time.monotonic()
+        with job_span(TRACER, "fabric.node.rollback", None, bind={"node": self.target.node_ip}) as span:
+            ok, msg = await rollback_node(
+                self.target,
+                self.baseline,
+                self.intent.vnis,
+                options=self.options,
+                secrets=self._secrets,
+                progress=self._progress,
+                fqdn=self.result.fqdn,
+            )
+            span.set_attribute("karios.outcome", "ok" if ok else "failed")
+        metrics.step_done("rollback", ok, time.monotonic() - t0)
         if ok:
             self.result.rolled_back = True
         else:

@@ -137,6 +137,11 @@ class RolloutRepository:
         res = await self._exec(stmt.on_conflict_do_nothing(index_elements=["node_ip"]))
         return res.rowcount or 0
 
+    async def forget_host_key(self, node_ip: str) -> bool:
+        """Drop the pinned key of `node_ip` (the node left the node set, or was reinstalled)."""
+        res = await self._exec(sa.delete(NodeHostKeyRow).where(NodeHostKeyRow.node_ip == node_ip))  # type: ignore[arg-type]
+        return bool(res.rowcount)
+
     # -- job rows ------------------------------------------------------------------------------
 
     async def latest_job(self) -> FabricJobView | None:

@@ -2,6 +2,9 @@
 
 Mount = discover (follow links) → eject what is inserted → insert → read back → one-time boot
 override to CD (UEFI) → reset (On or ForceRestart) → poll power state with a deadline.
+
+First contact (before any credential is sent): an unauthenticated GET of the service root, the
+TLS check of :mod:`.tls` (pin on first use, refuse a changed certificate), then the login.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import httpx
@@ -18,6 +21,13 @@ import stamina
 from karios.common.errors import KariosError, PermanentFailure, UpstreamError
 from karios.common.telemetry import get_logger
 from karios.provisioner.drivers.quirks import Quirks
+from karios.provisioner.drivers.tls import (
+    BmcCertificateChanged,
+    CertificateCheck,
+    PinStore,
+    TlsMode,
+    changed_message,
+)
 
 log = get_logger(__name__)
 ROOT = "/redfish/v1"
@@ -29,7 +39,9 @@ class BmcEndpoint:
     base_url: str  # e.g. https://10.0.0.5
     username: str = ""
     password: str = ""  # plaintext only in memory of the provisioner; never logged
-    verify_tls: bool = False
+    tls: TlsMode = TlsMode.tofu  # see drivers/tls.py; http:// endpoints are always plain
+    ca_bundle: str = ""  # PEM file of the CAs that sign BMC certificates (tls=ca; "" = system store)
+    pins: PinStore | None = field(default=None, repr=False)  # tofu: where fingerprints are pinned
     system_id: str = ""  # pick this member of Systems (default: the first)
     timeout: float = 10.0
     retries: int = 3
@@ -63,9 +75,11 @@ class RedfishDriver:
 
     def __init__(self, ep: BmcEndpoint, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.ep = ep
+        mode = TlsMode.plain if ep.base_url.lower().startswith("http:") else ep.tls
+        self.cert = CertificateCheck(ep.bmc_ip, mode, ep.ca_bundle)
         self.client = httpx.AsyncClient(
             base_url=ep.base_url,
-            verify=ep.verify_tls,
+            verify=self.cert.ssl_context(),
             timeout=ep.timeout,
             transport=transport,
             follow_redirects=True,
@@ -94,9 +108,30 @@ class RedfishDriver:
             uri = uri.rstrip("/")
         return uri
 
+    async def _first_contact(self) -> None:
+        """Service root without credentials, the certificate checked (pinned on first use), then
+        the login: a BMC with a changed or untrusted certificate never sees a credential."""
+        self._session_tried = True
+        if self.cert.mode == TlsMode.tofu and self.ep.pins is not None:
+            self.cert.expected = await self.ep.pins.get(self.ep.bmc_ip)
+        try:
+            await self.request("GET", ROOT)
+        except (_ClientError, PermanentFailure) as exc:
+            if self.cert.error() is not None:
+                raise
+            log.debug("service root refused without credentials", bmc_ip=self.ep.bmc_ip, error=str(exc))
+        if self.cert.mode == TlsMode.tofu and self.cert.expected is None and self.cert.seen:
+            if self.ep.pins is None:
+                raise PermanentFailure(f"BMC {self.ep.bmc_ip}: no store to pin its TLS certificate in")
+            pinned = await self.ep.pins.record(self.ep.bmc_ip, self.cert.seen)
+            self.cert.expected = pinned
+            if pinned != self.cert.seen:  # another replica pinned another certificate meanwhile
+                raise BmcCertificateChanged(changed_message(self.ep.bmc_ip, self.cert.seen, pinned))
+            log.info("BMC TLS certificate pinned on first contact", bmc_ip=self.ep.bmc_ip, sha256=pinned)
+        await self._login()
+
     async def _login(self) -> None:
         """Session auth (X-Auth-Token), falling back to basic auth when the BMC has no sessions."""
-        self._session_tried = True
         if not self.ep.username:
             return
         try:
@@ -114,7 +149,7 @@ class RedfishDriver:
 
     async def request(self, method: str, uri: str, json: Any = None) -> dict[str, Any]:
         if not self._session_tried:
-            await self._login()
+            await self._first_contact()
         uri = self._path(uri)
         try:
             # Transient failures (timeouts, connection errors, 5xx, 429, 409 where the vendor
@@ -142,6 +177,9 @@ class RedfishDriver:
         except httpx.TimeoutException:
             raise _TransientBMCError(f"timeout after {self.ep.timeout}s") from None
         except httpx.HTTPError as exc:
+            refused = self.cert.error()  # a refused certificate is final, never retried
+            if refused is not None:
+                raise refused from None
             raise _TransientBMCError(type(exc).__name__) from None
         if r.status_code < 400:
             if not r.content:

@@ -1,0 +1,342 @@
+"""The client verbs (typer): each is one or two gateway calls plus a table, JSON or live progress.
+
+``--output json`` (on the root: ``karios --output json jobs``) prints the gateway's JSON as is, for
+scripts. Errors print one ``karios: …`` line and exit non-zero (2 unreachable, 3 auth, 4 busy).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from karios.cli.client.api import Api, CliError
+from karios.cli.client.context import ClientContext, load_context, save_context
+from karios.cli.client.sse import stream
+from karios.cli.client.watch import watch_fabric, watch_jobs
+
+console = Console(highlight=False)
+STATE: dict[str, Any] = {"output": "table"}
+
+token_app = typer.Typer(help="API tokens (create, list, revoke) through the gateway; needs fabric_admin")
+job_app = typer.Typer(help="one job: show or cancel")
+fabric_app = typer.Typer(help="the EVPN/VXLAN fabric: show, plan, preflight, apply, cancel, teardown")
+
+
+def api() -> Api:
+    return Api(load_context())
+
+
+def emit(data: Any, table: Table | None = None) -> None:
+    if STATE["output"] == "json" or table is None:
+        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    else:
+        console.print(table)
+
+
+def table(title: str, rows: list[dict[str, Any]], cols: list[str]) -> Table:
+    t = Table(title=title)
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[str(r.get(c, "")) for c in cols])
+    return t
+
+
+def body_from(file: Path | None, pairs: list[str]) -> dict[str, Any]:
+    """A request body from a JSON/YAML file and/or ``key=value`` pairs (values parsed as YAML)."""
+    body: dict[str, Any] = {}
+    if file is not None:
+        try:
+            loaded = yaml.safe_load(file.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise CliError(f"cannot read {file}: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise CliError(f"{file}: expected a mapping of fields")
+        body.update(loaded)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CliError(f"{pair!r}: expected key=value")
+        body[key] = yaml.safe_load(value) if value else ""
+    return body
+
+
+Watch = Annotated[bool, typer.Option("--watch", "-w", help="follow live progress until the end")]
+
+
+def login(
+    url: Annotated[str, typer.Argument(help="the gateway, e.g. http://10.0.0.5:8080")],
+    token: Annotated[str, typer.Option(prompt=True, hide_input=True, help="an API token (kt_…)")],
+) -> None:
+    """Check URL + token against the gateway and keep them in the client context (mode 0600)."""
+    ctx = ClientContext(url=url.rstrip("/"), token=token)
+    with Api(ctx) as a:
+        me = a.get("/controlnode/tokens/self")
+    ctx.name = me["name"]
+    path = save_context(ctx)
+    console.print(f"logged in to {ctx.url} as {me['name']} ({me['role']}); context in {path}")
+
+
+def nodes() -> None:
+    """Compute and control nodes known to the registry."""
+    with api() as a:
+        data = a.get("/controlnode/nodes")
+    rows = data.get("items", data) if isinstance(data, dict) else data
+    cols = ["node_ip", "fqdn", "bmc_ip", "role", "host_key_fingerprint"]
+    emit(data, table("nodes", rows, cols))
+
+
+def provision(
+    bmc: Annotated[str, typer.Argument(help="the BMC's IP address (as in the inventory)")],
+    vendor: Annotated[
+        str, typer.Option(help="BMC driver: generic, dell, hp, lenovo, supermicro, cisco")
+    ] = "generic",
+    os: Annotated[str, typer.Option("--os", help="Debian release: 12 or 13")] = "12",
+    hostname: Annotated[str, typer.Option(help="OS hostname")] = "",
+    ssh_key: Annotated[list[Path], typer.Option(help="an OpenSSH public key file to authorize")] = [],  # noqa: B006
+    method: Annotated[
+        str, typer.Option(help="install method: image or preseed (default: deployment's)")
+    ] = "",
+    watch: Watch = False,
+    until: Annotated[str, typer.Option(help="with --watch: stop once the job reaches this state")] = "",
+) -> None:
+    """Provision a server by its BMC address; --watch follows it."""
+    body: dict[str, Any] = {"bmc_IP": bmc, "vendor": vendor, "debian_version": os}
+    if hostname:
+        body["hostname"] = hostname
+    if method:
+        body["install_method"] = method
+    if ssh_key:
+        body["ssh_authorized_keys"] = [p.read_text().strip() for p in ssh_key]
+    with api() as a:
+        acc = a.post("/controlnode/provision", json=body)
+        if not watch:
+            emit(acc, table("accepted", [acc], ["job_id", "status", "message"]))
+            return
+        console.print(f"job {acc['job_id']} accepted for {bmc}")
+        raise typer.Exit(watch_jobs(a, [acc["job_id"]], console, until=until or None))
+
+
+def unprovision(
+    bmc: Annotated[str, typer.Argument(help="the BMC's IP address")],
+    vendor: Annotated[str, typer.Option(help="BMC driver")] = "generic",
+    watch: Watch = False,
+) -> None:
+    """Wipe a server's disks and leave its BMC clean."""
+    with api() as a:
+        acc = a.post("/controlnode/unprovision", json={"bmc_ip": bmc, "vendor": vendor})
+        if not watch:
+            emit(acc, table("accepted", [acc], ["job_id", "status", "message"]))
+            return
+        raise typer.Exit(watch_jobs(a, [acc["job_id"]], console))
+
+
+def jobs(watch: Watch = False) -> None:
+    """Queued and active provisioning jobs; --watch follows the active ones."""
+    with api() as a:
+        q = a.get("/controlnode/provision/queue")
+        if not watch:
+            cols = ["job_id", "bmc_ip", "job_type", "state", "position", "created_at"]
+            emit(q, table(f"jobs: {q['active']} active, {q['queued']} queued", q["entries"], cols))
+            return
+        ids = [e["job_id"] for e in q["entries"]]
+        if not ids:
+            console.print("no active or queued jobs")
+            return
+        raise typer.Exit(watch_jobs(a, ids, console))
+
+
+@job_app.command("show")
+def job_show(job_id: str) -> None:
+    """A job's state, progress, message and the installer's last log lines."""
+    with api() as a:
+        j = a.get(f"/controlnode/job/{job_id}")
+    t = Table(title=f"job {job_id}", show_header=False)
+    for k in (
+        "job_type",
+        "bmc_ip",
+        "job_status",
+        "status",
+        "progress",
+        "message",
+        "created_at",
+        "updated_at",
+    ):
+        t.add_row(k, str(j.get(k, "")))
+    if j.get("log_tail"):
+        t.add_row("log", "\n".join(j["log_tail"][-10:]))
+    emit(j, t)
+
+
+@job_app.command("cancel")
+def job_cancel(job_id: str) -> None:
+    """Cancel a job (its BMC is left clean)."""
+    with api() as a:
+        r = a.post(f"/controlnode/job/{job_id}/cancel")
+    emit(r, table("cancel", [r or {}], ["job_id", "status", "message"]))
+
+
+@token_app.command("create")
+def token_create(
+    name: str,
+    role: Annotated[str, typer.Option(help="viewer | operator | fabric_admin")] = "operator",
+) -> None:
+    """Create (or replace) a token; it is printed once."""
+    with api() as a:
+        r = a.post("/controlnode/tokens", json={"name": name, "role": role})
+    if STATE["output"] == "json":
+        emit(r)
+    else:
+        sys.stdout.write(r["token"] + "\n")
+
+
+@token_app.command("list")
+def token_list() -> None:
+    with api() as a:
+        r = a.get("/controlnode/tokens")
+    emit(r, table("tokens", r, ["name", "role", "created_at", "revoked"]))
+
+
+@token_app.command("revoke")
+def token_revoke(name: str) -> None:
+    with api() as a:
+        r = a.delete(f"/controlnode/tokens/{name}")
+    emit(r, table("revoked", [r], ["name", "role", "revoked"]))
+
+
+def events(
+    channel: Annotated[
+        list[str], typer.Option(help="provision, fabric, job:<id>, node:<ip> (repeatable)")
+    ] = [],  # noqa: B006
+    since: Annotated[int | None, typer.Option(help="replay from after this event id")] = None,
+) -> None:
+    """Print events as they happen (one JSON object per line) until interrupted."""
+    with api() as a:
+        for ev in stream(a, channel, last_event_id=since):
+            sys.stdout.write(json.dumps({"id": ev.id, "event": ev.name, "data": ev.data}) + "\n")
+            sys.stdout.flush()
+
+
+Pairs = Annotated[list[str], typer.Argument(help="fields as key=value (values parsed as YAML)")]
+FileOpt = Annotated[Path | None, typer.Option("--file", "-f", help="fields from a JSON/YAML file")]
+
+
+@fabric_app.command("show")
+def fabric_show() -> None:
+    """The stored fabric configuration and its rollout status."""
+    with api() as a:
+        cfg = a.get("/controlnode/fabric-config")
+    t = Table(title="fabric-config", show_header=False)
+    for k, v in sorted(cfg.items()):
+        if k != "last_job":
+            t.add_row(k, json.dumps(v) if isinstance(v, dict | list) else str(v))
+    emit(cfg, t)
+
+
+@fabric_app.command("set")
+def fabric_set(pairs: Pairs = [], file: FileOpt = None) -> None:  # noqa: B006
+    """Create or update the fabric configuration."""
+    with api() as a:
+        r = a.post("/controlnode/fabric-config", json=body_from(file, pairs))
+    emit(r, table("fabric-config", [r], ["fabric_switch_nos", "vtep_pool_cidr", "rollout_status"]))
+
+
+@fabric_app.command("plan")
+def fabric_plan(pairs: Pairs = [], file: FileOpt = None) -> None:  # noqa: B006
+    """A suggested configuration (nothing stored)."""
+    with api() as a:
+        r = a.post("/controlnode/fabric-config/plan", json=body_from(file, pairs))
+    emit(r, table("plan", [r], ["plan_hash", "local_as", "fabric_switch_as", "fabric_switch_peering_ip"]))
+
+
+@fabric_app.command("preflight")
+def fabric_preflight(pairs: Pairs = [], file: FileOpt = None) -> None:  # noqa: B006
+    """Read-only checks of every node (underlay, MTU, reachability, pool headroom)."""
+    with api() as a:
+        r = a.post("/controlnode/fabric-config/preflight", json=body_from(file, pairs))
+    t = table(
+        f"preflight: {'ready' if r.get('ready') else 'NOT ready'} (max vxlan_mtu {r.get('max_vxlan_mtu')})",
+        r.get("nodes", []),
+        ["node_ip", "fqdn", "mode", "bridge", "bridge_mtu", "reason"],
+    )
+    emit(r, t)
+    for b in r.get("blockers") or []:
+        console.print(f"blocker: {b.get('kind')} {b.get('node_ip', '')}: {b.get('message')}")
+
+
+@fabric_app.command("apply")
+def fabric_apply(
+    watch: Watch = False,
+    force: Annotated[bool, typer.Option(help="apply despite preflight blockers (fabric_admin)")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+) -> None:
+    """Roll the fabric out to every registered node (asks first unless --yes)."""
+    if not yes and not typer.confirm("Apply the fabric configuration to every registered node?"):
+        raise typer.Exit(1)
+    with api() as a:
+        acc = a.post("/controlnode/fabric-config/apply", params={"force": "true"} if force else None)
+        if not watch:
+            emit(acc, table("accepted", [acc], ["apply_job_id", "message"]))
+            return
+        console.print(f"fabric apply {acc['apply_job_id']} accepted")
+        raise typer.Exit(watch_fabric(a, acc["apply_job_id"], console))
+
+
+@fabric_app.command("cancel")
+def fabric_cancel(job_id: str, watch: Watch = False) -> None:
+    """Cancel an in-flight apply (nodes roll back)."""
+    with api() as a:
+        r = a.post(f"/controlnode/fabric-config/apply/{job_id}/cancel")
+        if not watch:
+            emit(r, table("cancel", [r], ["job_id", "state", "message"]))
+            return
+        code = watch_fabric(a, job_id, console)
+    raise typer.Exit(0 if code == 1 else code)  # a cancelled apply is what was asked for
+
+
+@fabric_app.command("status")
+def fabric_status(watch: Watch = False) -> None:
+    """The latest fabric job with its per-node results."""
+    with api() as a:
+        view = a.get("/controlnode/fabric-config/latest")
+        if watch and view.get("job_status") == "running":
+            raise typer.Exit(watch_fabric(a, view["job_id"], console))
+    from karios.cli.client.watch import node_table
+
+    emit(view, node_table(view))
+
+
+@fabric_app.command("teardown")
+def fabric_teardown(
+    watch: Watch = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+) -> None:
+    """Delete the fabric configuration and remove EVPN from every node."""
+    if not yes and not typer.confirm("Remove the fabric from every node?"):
+        raise typer.Exit(1)
+    with api() as a:
+        r = a.delete("/controlnode/fabric-config")
+        job_id = (r or {}).get("teardown_job_id") or (r or {}).get("job_id")
+        if not watch or not job_id:
+            emit(r)
+            return
+        raise typer.Exit(watch_fabric(a, job_id, console))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(login)
+    app.command()(nodes)
+    app.command()(provision)
+    app.command()(unprovision)
+    app.command()(jobs)
+    app.command()(events)
+    app.add_typer(job_app, name="job")
+    app.add_typer(fabric_app, name="fabric")
+    app.add_typer(token_app, name="token")

@@ -1,0 +1,95 @@
+"""Spans of the bus, by the OpenTelemetry messaging semantic conventions.
+
+A publish to JetStream (command or event) is a ``PRODUCER`` span ``send <subject>`` whose context
+travels in the envelope's ``traceparent`` (and header); a command delivery is a ``CONSUMER``
+span ``process <subject>`` continuing it. Queries and broadcasts go through FastStream, whose
+telemetry middleware makes the same pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
+from karios.common.telemetry import context_from_headers
+
+
+def destination_template(subject: str, entity: str) -> str:
+    """The subject with its entity (a job id, a node address) as ``{entity}``: span names stay
+    few (the OpenTelemetry messaging conventions), the full subject is an attribute."""
+    if entity and subject.endswith("." + entity):
+        return subject[: -len(entity)] + "{entity}"
+    return subject
+
+
+def _attributes(env: Any, subject: str, operation: str) -> dict[str, Any]:
+    return {
+        "messaging.system": "nats",
+        "messaging.operation.type": operation,
+        "messaging.operation.name": "publish" if operation == "send" else "process",
+        "messaging.destination.name": subject,
+        "messaging.destination.template": destination_template(subject, env.subject),
+        "messaging.message.id": env.id,
+        "messaging.message.conversation_id": env.correlationid,
+        "cloudevents.event_type": env.type,
+        "cloudevents.event_subject": env.subject,
+    }
+
+
+@contextmanager
+def producer_span(service: str, env: Any, subject: str) -> Iterator[trace.Span]:
+    tracer = trace.get_tracer(f"karios.{service}")
+    with tracer.start_as_current_span(
+        f"send {destination_template(subject, env.subject)}",
+        kind=SpanKind.PRODUCER,
+        attributes=_attributes(env, subject, "send"),
+    ) as span:
+        yield span
+
+
+@contextmanager
+def consumer_span(
+    service: str, env: Any, subject: str, headers: Mapping[str, str] | None, deliveries: int = 1
+) -> Iterator[trace.Span]:
+    tracer = trace.get_tracer(f"karios.{service}")
+    attrs = _attributes(env, subject, "process")
+    attrs["messaging.nats.delivery_count"] = deliveries
+    carrier = dict(headers or {})
+    if "traceparent" not in carrier and getattr(env, "traceparent", None):
+        carrier["traceparent"] = env.traceparent
+    # Under FastStream's own delivery span (its telemetry middleware continued the same header):
+    # a child of it; otherwise continue the message's trace from its headers.
+    current = trace.get_current_span().get_span_context()
+    context = None if current.is_valid else context_from_headers(carrier)
+    with tracer.start_as_current_span(
+        f"process {destination_template(subject, env.subject)}",
+        context=context,
+        kind=SpanKind.CONSUMER,
+        attributes=attrs,
+    ) as span:
+        yield span
+
+
+@contextmanager
+def delivery_span(subject: str, headers: Mapping[str, str] | None) -> Iterator[trace.Span]:
+    """A stored event delivered to an ordered subscriber (the SSE relay), from its headers only
+    (named by the CloudEvents type: the subject names the entity)."""
+    h = dict(headers or {})
+    attrs = {
+        "messaging.system": "nats",
+        "messaging.operation.type": "receive",
+        "messaging.destination.name": subject,
+        "messaging.message.id": h.get("Nats-Msg-Id", ""),
+        "cloudevents.event_type": h.get("ce-type", ""),
+    }
+    with trace.get_tracer("karios.bus").start_as_current_span(
+        f"deliver {h.get('ce-type', 'event')}",
+        context=context_from_headers(h),
+        kind=SpanKind.CONSUMER,
+        attributes=attrs,
+    ) as span:
+        yield span

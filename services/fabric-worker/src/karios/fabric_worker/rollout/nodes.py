@@ -1,0 +1,83 @@
+"""Compute nodes joining or leaving the node set (asked by the inventory): pin a node's SSH host
+key on first contact through the rollout's own SSH adapter and pin store, and release a node
+(refused while it holds fabric state).
+
+- ``req.fabric.pin_host_key``  :func:`pin_host_key` (adoption: one connection, nothing run)
+- ``req.fabric.release_node``  :func:`release_node`
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import asyncssh
+
+from karios.common.contracts.nodes import (
+    PinnedHostKey,
+    PinNodeHostKey,
+    ReleasedFabricNode,
+    ReleaseFabricNode,
+    private_key_context,
+)
+from karios.common.errors import Conflict, ValidationFailed
+from karios.fabric_worker.rollout.access import adoption_target, private_key
+from karios.fabric_worker.rollout.service import RolloutService
+from karios.fabric_worker.rollout.ssh import open_session
+
+
+def fingerprint(host_key: str) -> str:
+    """``SHA256:<base64>`` as ``ssh-keygen -l`` prints it."""
+    return asyncssh.import_public_key(host_key).get_fingerprint("sha256")
+
+
+def _check_private_key(svc: RolloutService, q: PinNodeHostKey) -> None:
+    if not q.ssh_private_key_enc:
+        return
+    text = svc.box.decrypt(q.ssh_private_key_enc, context=private_key_context(q.node_ip))
+    try:
+        asyncssh.import_private_key(text)
+    except (asyncssh.KeyImportError, ValueError):
+        raise ValidationFailed(
+            "ssh_private_key: not an unencrypted OpenSSH or PEM private key", field="ssh_private_key"
+        ) from None
+
+
+async def pin_host_key(svc: RolloutService, q: PinNodeHostKey) -> PinnedHostKey:
+    """Connect once (the pinned key, if any, must match: 409 HOST_KEY_CHANGED); unreachable or
+    login refused: 502 NODE_UNREACHABLE naming address and cause. A first-seen key is pinned."""
+    _check_private_key(svc, q)
+    pinned = (await svc.repo.host_keys()).get(q.node_ip)
+    known = pinned or q.known_host_key
+    use_worker_key = not (q.os_password_enc or q.ssh_private_key_enc)
+    target = adoption_target(q, svc.box, private_key(svc.settings) if use_worker_key else None, known)
+    async with open_session(target, connect_timeout=q.connect_timeout) as session:
+        host_key, first = session.host_key, session.host_key_first_seen
+    if pinned is None:
+        await svc.remember({q.node_ip: host_key})
+        if (await svc.repo.host_keys()).get(q.node_ip) != host_key:  # pinned by another contact meanwhile
+            raise Conflict(f"{q.node_ip}: host key changed while adopting; refusing", field="node_ip")
+    return PinnedHostKey(
+        node_ip=q.node_ip, host_key=host_key, fingerprint=fingerprint(host_key), first_seen=first
+    )
+
+
+async def release_node(svc: RolloutService, q: ReleaseFabricNode) -> ReleasedFabricNode:
+    """Forget the node's pinned key; refused (409) while a VTEP is allocated to it, unless the
+    node was just reinstalled (its first boot: the old key is void, the fabric state stays)."""
+    if not q.reinstalled:
+        vtep = (await svc.repo.allocations()).get(q.node_ip)
+        if vtep is not None:
+            raise Conflict(
+                f"node_ip: {q.node_ip} holds fabric state (VTEP {vtep}); tear it down first "
+                f"(DELETE /controlnode/fabric-config/node/{q.node_ip}), then remove it",
+                field="node_ip",
+                details={"node_ip": q.node_ip, "vtep_ip": vtep},
+            )
+    forgotten = await svc.repo.forget_host_key(q.node_ip)
+    return ReleasedFabricNode(node_ip=q.node_ip, host_key_forgotten=forgotten)
+
+
+def register_nodes(svc: RolloutService) -> None:
+    bus, sub = svc.rt.bus, svc.rt.bus.subjects
+    bus.query_responder(sub.request("fabric", "pin_host_key"), PinNodeHostKey, partial(pin_host_key, svc))
+    bus.query_responder(sub.request("fabric", "release_node"), ReleaseFabricNode, partial(release_node, svc))

@@ -1,0 +1,151 @@
+"""The fabric's node set: SQL on ``inventory.compute_nodes`` merged with the registry rows
+(``bmc_infos``) that carry an OS IP. One node per OS address; a compute-node row wins over a
+registry row of the same address (it has its own credentials and pinned key) and takes the
+BMC link from it."""
+
+from __future__ import annotations
+
+import ipaddress
+from datetime import UTC, datetime
+
+from sqlmodel import delete, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from karios.common.contracts.inventory import NodeAccess
+from karios.common.contracts.nodes import ComputeNode, NodeCredentials
+from karios.inventory import registry
+from karios.inventory.models import BmcInfo, ComputeNodeRow
+
+
+def _ip_order(ip: str) -> tuple[int, int | str]:
+    try:
+        a = ipaddress.ip_address(ip.split("%", 1)[0])
+        return (a.version, int(a))
+    except ValueError:
+        return (9, ip)
+
+
+def auth_of(password_enc: str | None, key_enc: str | None) -> str:
+    if password_enc and key_enc:
+        return "password+ssh_key"
+    return "password" if password_enc else "ssh_key" if key_enc else "worker_key"
+
+
+def view(row: ComputeNodeRow, bmc_ip: str = "") -> ComputeNode:
+    return ComputeNode(
+        node_ip=row.node_ip,
+        hostname=row.hostname or "",
+        bmc_ip=row.bmc_ip or bmc_ip,
+        ssh_port=row.ssh_port,
+        os_username=row.os_username,
+        auth=auth_of(row.os_password_enc, row.ssh_private_key_enc),  # type: ignore[arg-type]
+        source=row.source,  # type: ignore[arg-type]
+        host_key_fingerprint=row.host_key_fingerprint or "",
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def registry_view(row: BmcInfo) -> ComputeNode:
+    return ComputeNode(
+        node_ip=row.os_ip or "",
+        hostname=row.os_hostname or row.fqdn or "",
+        bmc_ip=row.bmc_ip,
+        os_username=row.os_username or "root",
+        auth="password" if row.os_password_enc else "worker_key",
+        source="registry",
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def access(row: ComputeNodeRow, linked: BmcInfo | None) -> NodeAccess:
+    """SSH access of a compute node (secrets as stored ciphertext)."""
+    return NodeAccess(
+        bmc_ip=row.bmc_ip or (linked.bmc_ip if linked else ""),
+        hostname=row.hostname or "",
+        fqdn=row.hostname or (linked.fqdn or "" if linked else ""),
+        node_ip=row.node_ip,
+        os_username=row.os_username,
+        os_password_enc=row.os_password_enc,
+        ssh_host_key=row.host_key,
+        vendor=(linked.vendor or "") if linked else "",
+        is_control_node=bool(linked and linked.is_control_node),
+        source=row.source,
+        ssh_port=row.ssh_port,
+        ssh_private_key_enc=row.ssh_private_key_enc,
+    )
+
+
+async def node_set(session: AsyncSession) -> list[tuple[ComputeNodeRow | None, BmcInfo | None]]:
+    """Every node with an OS address, in address order: (compute row, registry row)."""
+    by_ip: dict[str, tuple[ComputeNodeRow | None, BmcInfo | None]] = {}
+    for b in await registry.list_nodes(session):
+        if b.os_ip:
+            by_ip[b.os_ip] = (None, b)
+    for c in (await session.exec(select(ComputeNodeRow))).all():
+        linked = by_ip.get(c.node_ip, (None, None))[1]
+        by_ip[c.node_ip] = (c, linked)
+    return [by_ip[ip] for ip in sorted(by_ip, key=_ip_order)]
+
+
+def to_view(pair: tuple[ComputeNodeRow | None, BmcInfo | None]) -> ComputeNode:
+    c, b = pair
+    if c is not None:
+        return view(c, b.bmc_ip if b else "")
+    assert b is not None
+    return registry_view(b)
+
+
+def to_access(pair: tuple[ComputeNodeRow | None, BmcInfo | None]) -> NodeAccess | None:
+    c, b = pair
+    if c is not None:
+        return access(c, b)
+    assert b is not None
+    return registry.node_access(b)
+
+
+async def get(session: AsyncSession, node_ip: str) -> ComputeNodeRow | None:
+    return await session.get(ComputeNodeRow, node_ip)
+
+
+async def upsert(
+    session: AsyncSession,
+    creds: NodeCredentials,
+    *,
+    source: str,
+    hostname: str | None,
+    bmc_ip: str | None,
+    host_key: str | None = None,
+    fingerprint: str | None = None,
+) -> tuple[ComputeNodeRow, bool]:
+    """Create or update the row of ``creds.node_ip``; a row of the same BMC under another
+    address (the node was re-provisioned with a new one) is replaced. (row, created)."""
+    if bmc_ip:
+        other = (ComputeNodeRow.bmc_ip == bmc_ip, ComputeNodeRow.node_ip != creds.node_ip)
+        await session.exec(delete(ComputeNodeRow).where(*other))  # type: ignore[call-overload]
+    row = await session.get(ComputeNodeRow, creds.node_ip, with_for_update=True)
+    created = row is None
+    if row is None:
+        row = ComputeNodeRow(node_ip=creds.node_ip)
+        session.add(row)
+    row.ssh_port, row.os_username = creds.ssh_port, creds.os_username
+    row.os_password_enc, row.ssh_private_key_enc = creds.os_password_enc, creds.ssh_private_key_enc
+    row.source = source
+    row.hostname = hostname or row.hostname
+    row.bmc_ip = bmc_ip or row.bmc_ip
+    if host_key or source == "firstboot":  # a fresh install has a new host key: first contact again
+        row.host_key, row.host_key_fingerprint = host_key, fingerprint
+    row.updated_at = datetime.now(UTC)
+    await session.flush()
+    return row, created
+
+
+async def remove(session: AsyncSession, node_ip: str) -> None:
+    """Drop the compute row and the OS address of a registry row holding it (its BMC record
+    stays: provisioning still needs it)."""
+    await session.exec(delete(ComputeNodeRow).where(ComputeNodeRow.node_ip == node_ip))  # type: ignore[arg-type]
+    for b in (await session.exec(select(BmcInfo).where(BmcInfo.os_ip == node_ip))).all():
+        b.os_ip = None
+        b.updated_at = datetime.now(UTC)
+        session.add(b)

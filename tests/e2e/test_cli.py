@@ -1,0 +1,244 @@
+"""The `karios` CLI against `karios up` with emulated BMCs: every verb, `--watch` to the end, exit
+codes a script can rely on, errors a person can read, and tokens through the gateway."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fixtures.chaos import KariosUp, state_dir
+from tests.fixtures.provision import medium_token, write_inventory
+from tests.fixtures.wait import wait_until_sync
+from tests.lab.redfish_lab import RedfishEmulator, fake_system
+
+BMCS = ["10.96.0.1", "10.96.0.2", "10.96.0.3"]
+DEAD_BMC = "10.96.0.9"  # in the inventory, its BMC endpoint refuses connections
+
+
+class System:
+    def __init__(self, up: KariosUp, emu: RedfishEmulator, root: Path) -> None:
+        self.up, self.emu, self.root = up, emu, root
+        self.config = up.state / "client.json"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KARIOS_")}
+        env["KARIOS_CONFIG"] = str(self.config)
+        env["COLUMNS"] = "160"
+        env.update(extra)
+        return env
+
+    def karios(self, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "karios.cli", *args],
+            env=self.env(**env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "karios.cli", *args],
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def iso(self, job_id: str) -> Path:
+        found = list(self.up.state.rglob(f"{job_id}.iso"))
+        assert found, f"no medium for {job_id} under {self.up.state}"
+        return found[0]
+
+
+@pytest.fixture(scope="module")
+def system() -> Iterator[System]:
+    emu = RedfishEmulator([fake_system(f"cli{i}") for i in range(len(BMCS))]).start()
+    try:
+        with state_dir("karios-cli-") as root:
+            inv = write_inventory(root / "inventory.yaml", [*BMCS, DEAD_BMC])
+            endpoints = {
+                ip: {"url": emu.url, "system_id": sid, "username": emu.username, "password": emu.password}
+                for ip, sid in zip(BMCS, emu.system_ids, strict=True)
+            }
+            endpoints[DEAD_BMC] = {"url": "http://127.0.0.1:9", "username": "a", "password": "b"}
+            up = KariosUp(
+                root / "state",
+                env={
+                    "KARIOS_INVENTORY_FILE": str(inv),
+                    "KARIOS_PROVISIONER_BMC_ENDPOINTS": json.dumps(endpoints),
+                    "KARIOS_PROVISIONER_INSTALL_METHOD": "preseed",
+                    "KARIOS_PROVISIONER_BMC_RETRIES": "1",
+                    "KARIOS_PROVISIONER_BMC_BACKOFF": "0.1",
+                },
+            )
+            try:
+                up.wait_started()
+                yield System(up, emu, root)
+            finally:
+                up.stop()
+    finally:
+        emu.stop()
+
+
+def test_karios_up_writes_a_private_client_context_and_login_checks_it(system: System):
+    ctx = json.loads(system.config.read_text())
+    assert ctx["url"] == system.up.url() and ctx["token"] == system.up.token
+    assert stat.S_IMODE(system.config.stat().st_mode) == 0o600
+    assert f"context in {system.config}" in system.up.text()
+
+    other = system.root / "other.json"
+    r = system.karios("login", system.up.url(), "--token", system.up.token, KARIOS_CONFIG=str(other))
+    assert r.returncode == 0, r.stderr
+    assert "as bootstrap-admin (fabric_admin)" in r.stdout
+    assert stat.S_IMODE(other.stat().st_mode) == 0o600
+
+    bad = system.karios("login", system.up.url(), "--token", "kt_wrong", KARIOS_CONFIG=str(other))
+    assert bad.returncode == 3 and "rejected the token" in bad.stderr and "Traceback" not in bad.stderr
+    down = system.karios("login", "http://127.0.0.1:9", "--token", "kt_x", KARIOS_CONFIG=str(other))
+    assert down.returncode == 2 and "cannot reach the gateway at http://127.0.0.1:9" in down.stderr
+    assert "Traceback" not in down.stderr
+
+
+def test_tokens_are_managed_through_the_gateway_and_roles_hold(system: System):
+    r = system.karios("token", "create", "cli-viewer", "--role", "viewer")
+    assert r.returncode == 0, r.stderr
+    viewer = r.stdout.strip()
+    assert viewer.startswith("kt_")
+    listed = json.loads(system.karios("--output", "json", "token", "list").stdout)
+    assert {"name": "cli-viewer", "role": "viewer"}.items() <= next(
+        t for t in listed if t["name"] == "cli-viewer"
+    ).items()
+    assert all("token" not in t and "token_hash" not in t for t in listed)
+
+    # A viewer reads but may not provision; the error names what was refused.
+    assert system.karios("jobs", KARIOS_TOKEN=viewer).returncode == 0
+    denied = system.karios("provision", BMCS[0], KARIOS_TOKEN=viewer)
+    assert denied.returncode == 3 and "not allowed" in denied.stderr and "Traceback" not in denied.stderr
+
+    assert system.karios("token", "revoke", "cli-viewer").returncode == 0
+    gone = system.karios("jobs", KARIOS_TOKEN=viewer)
+    assert gone.returncode == 3 and "rejected the token" in gone.stderr
+
+
+def test_provision_watch_to_completion_with_the_installer_callbacks(system: System):
+    watcher = system.popen("provision", BMCS[0], "--hostname", "cli-a", "--watch")
+    try:
+        job_id = ""
+
+        def accepted() -> bool:
+            nonlocal job_id
+            jobs = json.loads(system.karios("--output", "json", "jobs").stdout)
+            mine = [e for e in jobs["entries"] if e["bmc_ip"] == BMCS[0]]
+            job_id = mine[0]["job_id"] if mine else ""
+            return bool(mine) and mine[0]["state"] in ("booting", "installing")
+
+        wait_until_sync(accepted, timeout=120, interval=0.5, what="the job to reach booting")
+        token, _ = medium_token(system.iso(job_id))
+        h = {"X-Karios-Job-Token": token}
+        with httpx.Client(base_url=system.up.url(), timeout=10) as c:
+            for step in ("network", "partitioning", "packages"):
+                r = c.post(f"/controlnode/job/{job_id}/step", json={"step": step, "state": "done"}, headers=h)
+                assert r.status_code == 200, r.text
+            r = c.post(f"/controlnode/job/{job_id}/complete", json={"os_ip": "10.96.1.1"}, headers=h)
+            assert r.status_code == 200, r.text
+            r = c.post("/controlnode/firstboot", json={"bmc_ip": BMCS[0], "os_ip": "10.96.1.1"}, headers=h)
+            assert r.status_code == 200, r.text
+        out, _ = watcher.communicate(timeout=90)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    assert watcher.returncode == 0, out
+    assert f"job {job_id} accepted for {BMCS[0]}" in out
+    for state in ("booting", "installing", "completed"):
+        assert state in out, out
+    assert "Traceback" not in out
+    (system.root / "provision-watch.txt").write_text(out)  # the closing note pastes this screen
+
+    shown = json.loads(system.karios("--output", "json", "job", "show", job_id).stdout)
+    assert shown["status"] == "completed" and shown["bmc_ip"] == BMCS[0]
+
+
+def test_watch_exits_non_zero_when_the_job_fails_and_says_why(system: System):
+    r = system.karios("provision", DEAD_BMC, "--watch", timeout=180)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "failed" in r.stdout and DEAD_BMC in r.stdout
+
+
+def test_until_cancel_and_unprovision(system: System):
+    r = system.karios("provision", BMCS[1], "--watch", "--until", "booting", timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job_id = next(
+        e["job_id"]
+        for e in json.loads(system.karios("--output", "json", "jobs").stdout)["entries"]
+        if e["bmc_ip"] == BMCS[1]
+    )
+    c = system.karios("job", "cancel", job_id)
+    assert c.returncode == 0, c.stderr
+
+    def cancelled() -> bool:
+        j = json.loads(system.karios("--output", "json", "job", "show", job_id).stdout)
+        return j["status"] == "cancelled"
+
+    wait_until_sync(cancelled, timeout=60, interval=0.5, what="the job to be cancelled")
+    u = system.karios("--output", "json", "unprovision", BMCS[1])
+    assert u.returncode == 0, u.stderr
+    wipe = json.loads(system.karios("--output", "json", "job", "show", json.loads(u.stdout)["job_id"]).stdout)
+    assert wipe["job_type"] == "unprovision" and wipe["bmc_ip"] == BMCS[1]
+
+
+def test_unknown_bmc_and_bad_input_are_one_readable_line(system: System):
+    r = system.karios("provision", "10.95.0.1")
+    assert r.returncode == 1 and "404" in r.stderr and "Traceback" not in r.stderr
+    r = system.karios("provision", "not-an-ip")
+    assert r.returncode == 1 and "422" in r.stderr and "bmc_IP" in r.stderr
+
+
+def test_events_and_fabric_verbs(system: System):
+    # A job that fails at once gives the stream something to replay, even when run alone.
+    assert system.karios("provision", DEAD_BMC, "--watch", timeout=180).returncode == 1
+    proc = system.popen("events", "--channel", "provision", "--since", "0")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    try:
+        wait_until_sync(
+            lambda: any(DEAD_BMC in x and "failed" in x for x in lines),
+            timeout=30,
+            interval=0.2,
+            what="the failed job's events replayed",
+        )
+    finally:
+        proc.kill()
+        reader.join(5)
+    events = [json.loads(x) for x in lines if x.strip()]
+    assert all("event" in e and "data" in e for e in events)
+    assert any(e["data"].get("data", {}).get("bmc_ip") == DEAD_BMC for e in events), events[:3]
+    assert [e["id"] for e in events] == sorted(e["id"] for e in events)  # in stream order
+
+    plan = system.karios(
+        "--output",
+        "json",
+        "fabric",
+        "plan",
+        "fabric_switch_nos=sonic",
+        "management_cidr=10.96.0.0/24",
+        "vxlan_mtu=9000",
+    )
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["plan_hash"]
+    bad = system.karios(
+        "fabric", "plan", "fabric_switch_nos=sonic", "management_cidr=banana", "vxlan_mtu=9000"
+    )
+    assert bad.returncode == 1 and "management_cidr" in bad.stderr
+    missing = system.karios("fabric", "show")
+    assert missing.returncode == 1 and "404" in missing.stderr
