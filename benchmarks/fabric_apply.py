@@ -1,6 +1,6 @@
 """Fabric apply to N lab nodes: Karios' rollout core beside `ansible-playbook`, same nodes, same run.
 
-    uv run python benchmarks/fabric_apply.py [--nodes 3,6,12] [--ansible-pipelining]
+    uv run python benchmarks/fabric_apply.py [--nodes 3,12,25,50] [--ansible-pipelining]
 
 Needs root (tests/lab/fabric_lab.py: nodes are network namespaces with a real sshd and a private
 /etc/frr, plus an FRR route reflector in the fabric namespace); otherwise it prints why and exits 0.
@@ -8,7 +8,10 @@ For each N, one FabricLab with N nodes (node3 keeps a 1500 underlay MTU, as in t
 
 (a) Karios: ``ApplyJob`` (driven as tests/integration/fabric_rollout/test_rollout_lab.py does, no
     bus/DB) with fan-out N, timed from start until every node verified (EVPN session to the RR
-    Established and EVPN routes sent); then the no-op re-apply; then teardown to empty nodes.
+    Established and EVPN routes sent); then the no-op re-apply; then teardown to empty nodes;
+    then a cancel half-way through an apply to empty nodes (time from ``cancel()`` to the job's
+    end, every touched node rolled back). The peak RSS of this process during the apply is the
+    rollout core's memory as the worker runs it.
 (b) Ansible: ``ansible-playbook`` (PyPI ansible-core in a cached venv at
     ``${KARIOS_LAB_CACHE:-/var/cache/karios-lab}/ansible-venv``, never the project env) running
     benchmarks/fabric_apply_playbook.yml with the default (linear) strategy and forks = N over
@@ -283,6 +286,57 @@ def karios_apply(intent: FabricIntent, targets: list[NodeTarget], vteps: dict[st
     return asyncio.run(job.run())
 
 
+def karios_cancel(intent: FabricIntent, targets: list[NodeTarget], vteps: dict[str, str], after: float):
+    """Start an apply on empty nodes, cancel it ``after`` seconds in (mid-commit: FRR starting);
+    return (seconds from the cancel until every touched node stopped its step and began its
+    rollback, seconds until the job ended with every node rolled back, the job's final status)."""
+
+    async def go() -> tuple[float | None, float, str]:
+        rolling: dict[str, float] = {}
+
+        async def sink(ev) -> None:
+            if ev.state == "node_rolling_back":
+                rolling.setdefault(ev.node_ip, time.monotonic())
+
+        job = ApplyJob(intent, targets, vteps, concurrency=len(targets), options=OPTS, sink=sink)
+        task = asyncio.create_task(job.run())
+        await asyncio.sleep(after)
+        t0 = time.monotonic()
+        job.cancel()
+        summary = await task
+        stopped = max(rolling.values()) - t0 if rolling else None
+        return stopped, time.monotonic() - t0, str(summary.job_status)
+
+    return asyncio.run(go())
+
+
+class RssPeak:
+    """Peak resident memory of this process (the rollout core, as the worker runs it) while open."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval, self.base, self.peak = interval, _rss_mib(), 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, _rss_mib())
+
+    def __enter__(self) -> RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_mib())
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 # -- Ansible -----------------------------------------------------------------------------------
 
 
@@ -497,6 +551,11 @@ class Row:
     loadavg: float = 0.0
     others: list[str] = field(default_factory=list)
     lab_start_s: float = 0.0
+    cancel_stop_s: float | None = None  # cancel requested → every touched node stopped, rolling back
+    cancel_s: float | None = None  # cancel requested → job ended (every touched node rolled back)
+    cancel_status: str = ""
+    rss_base_mib: float = 0.0  # this process (the worker's rollout core) before the apply
+    rss_peak_mib: float = 0.0  # and its peak during the apply
 
 
 def _route_dev(ip: str) -> str:
@@ -581,9 +640,10 @@ def measure(lab, row: Row, intent: FabricIntent, venv: str, *, pipelining: bool,
 
     # (a) Karios
     t0 = time.monotonic()
-    with LoadSampler(lab) as load, RrWatch(lab, t0) as watch:
+    with LoadSampler(lab) as load, RrWatch(lab, t0) as watch, RssPeak() as rss:
         summary = karios_apply(intent, targets, vteps)
         row.karios_s = time.monotonic() - t0
+    row.rss_base_mib, row.rss_peak_mib = rss.base, rss.peak
     row.karios_cpu, row.karios_others = load.busy, load.others
     if summary.job_status != "completed":
         raise RuntimeError(f"Karios apply did not complete: {summary.model_dump_json(indent=1)}")
@@ -601,9 +661,18 @@ def measure(lab, row: Row, intent: FabricIntent, venv: str, *, pipelining: bool,
     if teardown.job_status != "completed":
         raise RuntimeError(f"Karios teardown failed: {teardown.model_dump_json(indent=1)}")
     reset_nodes(lab)
+    # Cancel mid-apply: half-way to where the apply had every node verified (FRR starting).
+    row.cancel_stop_s, row.cancel_s, row.cancel_status = karios_cancel(
+        intent, targets, vteps, after=row.karios_s / 2
+    )
+    if not all(node_empty(lab, n) for n in lab.nodes):
+        print("  WARNING: a node is not back at its (empty) baseline after the cancel", flush=True)
+    reset_nodes(lab)
     print(
         f"  karios: apply {row.karios_s:.2f} s (RR Established {fmt(row.karios_est_s)} s), "
-        f"no-op {row.karios_noop_s:.2f} s",
+        f"no-op {row.karios_noop_s:.2f} s, cancel: nodes stopped {fmt(row.cancel_stop_s)} s, "
+        f"{row.cancel_status} (rolled back) {fmt(row.cancel_s)} s, "
+        f"RSS {row.rss_base_mib:.0f} → peak {row.rss_peak_mib:.0f} MiB",
         flush=True,
     )
 
@@ -652,10 +721,20 @@ def fmt(v: float | None) -> str:
 
 def report(rows: list[Row], *, pipelining: bool, ansible_startup: float) -> None:
     print()
-    print("| N nodes | Karios apply (s) | Ansible (s) | Ansible / Karios |")
-    print("| ---: | ---: | ---: | ---: |")
+    base = next((r.karios_s for r in rows if r.n == 3), rows[0].karios_s)
+    print(
+        "| N nodes | Karios apply (s) | vs 3-node apply | Karios no-op (s) | cancel → nodes stopped / "
+        "rolled back (s) | "
+        "worker RSS before / peak (MiB) | Ansible (s) | Ansible / Karios |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r.n} | {r.karios_s:.2f} | {r.ansible_s:.2f} | {r.ansible_s / r.karios_s:.1f}x |")
+        print(
+            f"| {r.n} | {r.karios_s:.2f} | {r.karios_s / base:.2f}x | {r.karios_noop_s:.2f} | "
+            f"{fmt(r.cancel_stop_s)} / {fmt(r.cancel_s)} ({r.cancel_status}) | "
+            f"{r.rss_base_mib:.0f} / {r.rss_peak_mib:.0f} | "
+            f"{r.ansible_s:.2f} | {r.ansible_s / r.karios_s:.1f}x |"
+        )
     print()
     rerun = any(r.ansible_noop_s is not None for r in rows)
     print(
@@ -692,7 +771,7 @@ def report(rows: list[Row], *, pipelining: bool, ansible_startup: float) -> None
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", default="3,6,12", help="comma-separated node counts (1..240), default 3,6,12")
+    ap.add_argument("--nodes", default="3,12,25,50", help="comma-separated node counts (1..240)")
     ap.add_argument("--ansible-pipelining", action="store_true", help="ansible ssh pipelining on")
     ap.add_argument(
         "--ansible-rerun", action="store_true", help="also time Ansible's no-op re-run (adds ~7 s per node)"

@@ -120,7 +120,7 @@ async def run(args: argparse.Namespace) -> int:
         while not stop.is_set():
             try:
                 msgs = await sub.fetch(args.batch, timeout=1.0)
-            except NatsTimeout:
+            except (TimeoutError, NatsTimeout):  # nats-py raises either when none came
                 if args.exit_when_idle and time.monotonic() - idle_since >= args.exit_when_idle:
                     break
                 continue

@@ -55,9 +55,14 @@ class System:
         )
 
     def iso(self, job_id: str) -> Path:
-        found = list(self.up.state.rglob(f"{job_id}.iso"))
-        assert found, f"no medium for {job_id} under {self.up.state}"
-        return found[0]
+        """The job's boot medium as the BMC downloads it from the provisioner."""
+        out = self.root / f"{job_id}.iso"
+        with httpx.stream("GET", f"{self.up.url('provisioner')}/media/{job_id}.iso", timeout=60) as r:
+            assert r.status_code == 200, r.read()
+            with out.open("wb") as f:
+                for chunk in r.iter_bytes():
+                    f.write(chunk)
+        return out
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +171,36 @@ def test_provision_watch_to_completion_with_the_installer_callbacks(system: Syst
 
     shown = json.loads(system.karios("--output", "json", "job", "show", job_id).stdout)
     assert shown["status"] == "completed" and shown["bmc_ip"] == BMCS[0]
+
+    # Its first boot registered it as a compute node.
+    listed = system.karios("nodes")
+    assert listed.returncode == 0 and "10.96.1.1" in listed.stdout and "firstboot" in listed.stdout
+    node = json.loads(system.karios("--output", "json", "nodes", "show", "10.96.1.1").stdout)
+    assert node["bmc_ip"] == BMCS[0]
+
+
+def test_adopting_an_unreachable_node_is_one_line_naming_it(system: System):
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "karios.cli",
+            "nodes",
+            "adopt",
+            "127.0.0.1",
+            "--port",
+            "9",
+            "--password-stdin",
+        ],
+        input="pw-not-used\n",
+        env=system.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1 and "127.0.0.1" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "pw-not-used" not in r.stderr + r.stdout
+    assert "127.0.0.1" not in system.karios("nodes").stdout
 
 
 def test_watch_exits_non_zero_when_the_job_fails_and_says_why(system: System):

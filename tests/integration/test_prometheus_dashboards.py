@@ -237,7 +237,10 @@ async def fabric_workload(c: httpx.AsyncClient, lab) -> None:  # type: ignore[no
     r = await c.post("/controlnode/fabric-config/apply")
     assert r.status_code == 202, r.text
     job = await finished(c, r.json()["apply_job_id"])
-    assert job["job_status"] == "completed", job
+    # The 4 provisioned hosts registered their (unreachable) OS IPs at first boot: they fail, the
+    # lab node converges — per-node state of both kinds for the fabric dashboard.
+    ok = {n["node_ip"]: n["ok"] for n in job["nodes"]}
+    assert ok.pop(node.underlay_ip) is True and ok and not any(ok.values()), job
 
 
 @pytest.mark.timeout(900)  # the one-node lab may wait for another lab's host link

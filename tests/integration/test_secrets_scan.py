@@ -36,11 +36,12 @@ import yaml
 from tests.fixtures.apps import REQUIRE
 from tests.fixtures.chaos import KariosUp, state_dir
 from tests.fixtures.fabric import BASE
-from tests.fixtures.provision import medium_token, wait_job
+from tests.fixtures.provision import medium_token
 from tests.fixtures.secrets_scan import Scanner, needles, pg_dumpall, secret, stream_messages
+from tests.fixtures.wait import wait_until
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
 
-NO_SPACE = "+/&\"%="
+NO_SPACE = '+/&"%='
 BMC, NODE_IP = "10.96.0.7", "127.0.3.41"  # the node's SSH port is closed: apply fails, reaches no peer
 
 
@@ -118,13 +119,25 @@ async def _sse_replay(url: str, headers: dict[str, str], seconds: float = 8) -> 
     return bytes(buf)
 
 
+async def _job_in(c: httpx.AsyncClient, job: str, states: set[str], timeout: float) -> dict:
+    """The job view once its ``job_status`` is one of ``states`` (the client's own token)."""
+
+    async def reached() -> dict | None:
+        r = await c.get(f"/controlnode/job/{job}")
+        return r.json() if r.status_code == 200 and r.json()["job_status"] in states else None
+
+    return await wait_until(reached, timeout=timeout, interval=0.5, what=f"job {job} in {states}")  # type: ignore[no-any-return]
+
+
 async def _fabric_ended(c: httpx.AsyncClient, job_id: str) -> dict:
-    for _ in range(240):
+    async def ended() -> dict | None:
         r = await c.get("/controlnode/fabric-config/latest")
-        if r.status_code == 200 and r.json().get("job_id") == job_id and r.json()["job_status"] != "running":
-            return r.json()
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"fabric job {job_id} did not end")
+        done = (
+            r.status_code == 200 and r.json().get("job_id") == job_id and r.json()["job_status"] != "running"
+        )
+        return r.json() if done else None
+
+    return await wait_until(ended, timeout=120, interval=0.5, what=f"fabric job {job_id} to end")  # type: ignore[no-any-return]
 
 
 async def _run(up: KariosUp, emu: RedfishEmulator, s: dict[str, str], responses: list) -> str:
@@ -176,8 +189,7 @@ async def _run(up: KariosUp, emu: RedfishEmulator, s: dict[str, str], responses:
         r = await c.post("/controlnode/provision", json=prov)
         assert r.status_code == 202, r.text
         job = r.json()["job_id"]
-        await wait_job(c, job, {"booting", "failed"}, timeout=240)
-        view = (await c.get(f"/controlnode/job/{job}")).json()
+        view = await _job_in(c, job, {"booting", "failed"}, timeout=240)
         assert view["job_status"] == "booting", view  # the emulator accepted the registered password
         iso = up.state / "provisioner" / "media" / f"{job}.iso"
         token, _ = medium_token(iso)
@@ -191,7 +203,7 @@ async def _run(up: KariosUp, emu: RedfishEmulator, s: dict[str, str], responses:
         assert (await c.post(f"/controlnode/job/{job}/complete", json=done, headers=jt)).status_code == 200
         r = await c.post(f"/controlnode/firstboot?token={token}", json={"bmc_ip": BMC, "os_ip": NODE_IP})
         assert r.status_code == 200, r.text
-        await wait_job(c, job, {"completed"}, timeout=60)
+        await _job_in(c, job, {"completed"}, timeout=60)
 
         boot = up.url("bootapi")
         r = await c.post(

@@ -38,12 +38,16 @@ def test_a_provision_is_one_trace_from_the_gateway_to_the_redfish_calls(emulator
             job = provision_once(up, state / "media", BMCS[0], traceparent)
 
             def received() -> list[Span] | None:
+                # Spans arrive in batches as each ends: wait for the last ones of each trace (the
+                # gateway's server spans end after the replies they wait for).
                 spans = rx.snapshot()
                 callbacks = [s for s in spans if s.name.startswith("provision.installer.")]
                 reset = [s for s in _redfish(spans) if s.attributes.get("url.path", "").endswith(".Reset")]
+                servers = {s.trace_id for s in spans if s.kind == "SERVER" and s.service == GATEWAY}
+                done = len(callbacks) >= 2 and all(cb.trace_id in servers for cb in callbacks)
                 return (
                     spans
-                    if len(callbacks) >= 2 and reset and trace_id in {s.trace_id for s in reset}
+                    if done and trace_id in {s.trace_id for s in reset} and trace_id in servers
                     else None
                 )
 

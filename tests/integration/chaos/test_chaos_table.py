@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -42,6 +43,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.lab]
 CI = os.environ.get("CI", "").lower() == "true"
 SERVICES = ("api-gateway", "provisioner", "inventory", "fabric-worker", "bootapi")
 FAULTS = [*(f"SIGKILL {s}" for s in SERVICES), "NATS stopped 30 s", "PostgreSQL SIGSTOP 10 s"]
+TABLE = Path(os.environ.get("KARIOS_CHAOS_TABLE", "/tmp/karios-chaos-table.md"))
+LOGS = TABLE.with_name(TABLE.stem + "-logs")
 NATS_OUTAGE_S = 30.0
 PG_PAUSE_S = 10.0
 BMC_IPS = [f"10.96.0.{i}" for i in range(1, 6)]
@@ -101,7 +104,6 @@ def _env(nats: PrivateNats, db_url: str, emu: RedfishEmulator, inventory: Path, 
         "KARIOS_PROVISIONER_POWER_DEADLINE": "20",
         "KARIOS_FABRIC_CONNECT_TIMEOUT": "5",
         "KARIOS_FABRIC_VERIFY_TIMEOUT": "30",
-        "KARIOS_FABRIC_LEASE": "6",
         "KARIOS_FABRIC_HEARTBEAT_INTERVAL": "1",
         "KARIOS_FABRIC_DRIFT_INTERVAL": "0",
     }
@@ -143,7 +145,15 @@ def system() -> Iterator[System]:
                 assert api.post("/controlnode/register", body).status == 200
             assert api.post("/controlnode/fabric-config", FABRIC_CONFIG).status in (200, 201)
         bmcs = [Bmc(ip, sid) for ip, sid in zip(BMC_IPS, emu.system_ids, strict=True)]
+        stack.callback(_keep_logs, up)
         yield System(up, nats, pg, emu, Db(db_url), api, bmcs, lab, lab_skip)
+
+
+def _keep_logs(up: KariosUp) -> None:
+    """The services' logs outlive the state directory (for a failure's details)."""
+    shutil.rmtree(LOGS, ignore_errors=True)
+    shutil.copytree(up.state / "logs", LOGS, dirs_exist_ok=True)
+    (LOGS / "karios-up.console").write_text(up.text())
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +173,7 @@ def table(system: System) -> Iterator[tuple[list[Row], dict[str, float]]]:
     )
     if system.lab_skip:
         text += f"\nFabric apply not run: {system.lab_skip}\n"
-    Path(os.environ.get("KARIOS_CHAOS_TABLE", "/tmp/karios-chaos-table.md")).write_text(text)
+    TABLE.write_text(text)
     print("\n" + text)
 
 

@@ -127,7 +127,7 @@ async def test_five_hosts_provision_end_to_end(stack):
         # Completed: every BMC is left clean (medium ejected, boot override cleared), media removed.
         for job_id, sid in zip(jobs, emu.system_ids, strict=True):
             await wait_bmc_clean(emu, sid)
-            assert not (stack.cfg.media_dir / f"{job_id}.iso").exists()
+            assert not (stack.cfg.media_dir / f"{job_id}.slot").exists()
 
         prog = (
             await c.post(
@@ -153,7 +153,7 @@ async def test_five_hosts_provision_end_to_end(stack):
         # A callback after completion changes nothing.
         token, _ = (
             medium_token(stack.cfg.media_dir / f"{jobs[0]}.iso")
-            if (stack.cfg.media_dir / f"{jobs[0]}.iso").exists()
+            if (stack.cfg.media_dir / f"{jobs[0]}.slot").exists()
             else ("x", {})
         )
         r = await c.post(

@@ -47,7 +47,7 @@ async def test_cancel_midway_ejects_clears_boot_and_is_idempotent(stack):
         assert not bmc["image"]
         # sushy-tools always reads back Enabled=Continuous (LAB.md): the target is what changed.
         assert bmc["target"] == "None"
-        assert not (stack.cfg.media_dir / f"{job}.iso").exists()  # an ended job keeps no medium
+        assert not (stack.cfg.media_dir / f"{job}.slot").exists()  # an ended job keeps no medium
         # A late callback of the cancelled attempt changes nothing.
         r = await c.post(
             f"/controlnode/job/{job}/step",
@@ -158,7 +158,7 @@ async def test_unreachable_and_failing_bmc_fail_clearly(stack):
     assert "refused the credentials" in f2["message"]
     # Checked before building: no medium was ever written, and the job never built one.
     assert (
-        not (stack.cfg.media_dir / f"{j1}.iso").exists() and not (stack.cfg.media_dir / f"{j2}.iso").exists()
+        not (stack.cfg.media_dir / f"{j1}.slot").exists() and not (stack.cfg.media_dir / f"{j2}.slot").exists()
     )
     assert stages == ["Queued", "Failed"], stages
     print(f"\nunreachable BMC: POST → failed in {took:.2f}s")
@@ -295,7 +295,7 @@ async def test_cancel_while_mounting_leaves_the_bmc_clean_and_never_resets(stack
             await wait_until(lambda: job not in svc.tasks, timeout=10, what="the worker to stop")
     finally:
         svc.driver_factory = None
-    assert not (stack.cfg.media_dir / f"{job}.iso").exists()
+    assert not (stack.cfg.media_dir / f"{job}.slot").exists()
     assert resets_seen(emu, sid, since) == 0
 
 

@@ -135,7 +135,7 @@ async def test_installer_failure_fails_the_job_at_once_with_its_words_and_log(st
         assert last["log_tail"] == failed["log_tail"] and last["message"] == failed["message"]
         bmc = await wait_bmc_clean(stack.emu, sid)
         assert not bmc["image"] and bmc["target"] == "None"
-        assert not (stack.cfg.media_dir / f"{job}.iso").exists()
+        assert not (stack.cfg.media_dir / f"{job}.slot").exists()
         # The failure is final: a late report changes nothing.
         r = await c.post(
             f"/controlnode/job/{job}/step", json={"step": "packages", "state": "active"}, headers=h
@@ -152,7 +152,7 @@ async def test_stuck_job_that_then_fails_loses_its_medium_and_leaves_the_bmc_cle
         ).json()["job_id"]
         await wait_job(c, job, {"stuck"}, timeout=40)
         stack.cfg.stage_deadline = 600
-        iso = stack.cfg.media_dir / f"{job}.iso"
+        iso = stack.cfg.media_dir / f"{job}.slot"  # the job's medium record
         token, _ = medium_token(iso)
         r = await c.post(
             f"/controlnode/job/{job}/step",

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from karios.cli.client.api import Api, CliError
 from karios.cli.client.context import ClientContext, load_context, save_context
+from karios.cli.client.fabric_diff import fetch_diff, print_diff
 from karios.cli.client.sse import stream
 from karios.cli.client.watch import watch_fabric, watch_jobs
 
@@ -26,6 +27,7 @@ STATE: dict[str, Any] = {"output": "table"}
 
 token_app = typer.Typer(help="API tokens (create, list, revoke) through the gateway; needs fabric_admin")
 job_app = typer.Typer(help="one job: show or cancel")
+nodes_app = typer.Typer(help="compute nodes: list, adopt, show, remove")
 fabric_app = typer.Typer(help="the EVPN/VXLAN fabric: show, plan, preflight, apply, cancel, teardown")
 
 
@@ -84,13 +86,62 @@ def login(
     console.print(f"logged in to {ctx.url} as {me['name']} ({me['role']}); context in {path}")
 
 
-def nodes() -> None:
-    """Compute and control nodes known to the registry."""
+@nodes_app.callback(invoke_without_command=True)
+def nodes(ctx: typer.Context) -> None:
+    """The fabric's compute nodes (adopted, registered at first boot, or by BMC with an OS IP)."""
+    if ctx.invoked_subcommand is not None:
+        return
     with api() as a:
-        data = a.get("/controlnode/nodes")
+        data = a.get("/controlnode/nodes", params={"limit": 1000})
     rows = data.get("items", data) if isinstance(data, dict) else data
-    cols = ["node_ip", "fqdn", "bmc_ip", "role", "host_key_fingerprint"]
+    cols = ["node_ip", "hostname", "bmc_ip", "source", "auth", "host_key_fingerprint"]
     emit(data, table("nodes", rows, cols))
+
+
+@nodes_app.command("adopt")
+def nodes_adopt(
+    node_ip: Annotated[str, typer.Argument(help="the installed node's OS (SSH) address")],
+    user: Annotated[str, typer.Option(help="SSH user (root or passwordless sudo)")] = "root",
+    key: Annotated[Path | None, typer.Option(help="an OpenSSH private key file")] = None,
+    password_stdin: Annotated[bool, typer.Option(help="read the SSH password from stdin")] = False,
+    port: Annotated[int, typer.Option(help="SSH port")] = 22,
+    hostname: Annotated[str, typer.Option(help="hostname shown in lists")] = "",
+    bmc: Annotated[str, typer.Option(help="its BMC address, if Karios knows it")] = "",
+) -> None:
+    """Add an already-installed compute node; its SSH host key is pinned on this first contact."""
+    body: dict[str, Any] = {"node_ip": node_ip, "ssh_username": user, "ssh_port": port}
+    if key is not None:
+        try:
+            body["ssh_private_key"] = key.read_text()
+        except OSError as exc:
+            raise CliError(f"cannot read {key}: {exc.strerror}") from None
+    if password_stdin:
+        body["ssh_password"] = sys.stdin.readline().rstrip("\n")
+    if hostname:
+        body["hostname"] = hostname
+    if bmc:
+        body["bmc_ip"] = bmc
+    with api() as a:
+        r = a.post("/controlnode/nodes", json=body)
+    emit(r, table("adopted", [r], ["node_ip", "hostname", "host_key_fingerprint"]))
+
+
+@nodes_app.command("show")
+def nodes_show(node_ip: str) -> None:
+    with api() as a:
+        r = a.get(f"/controlnode/nodes/{node_ip}")
+    t = Table(title=f"node {node_ip}", show_header=False)
+    for k, v in r.items():
+        t.add_row(k, str(v))
+    emit(r, t)
+
+
+@nodes_app.command("remove")
+def nodes_remove(node_ip: str) -> None:
+    """Remove a compute node (refused while it holds fabric state: tear it down first)."""
+    with api() as a:
+        r = a.delete(f"/controlnode/nodes/{node_ip}")
+    emit(r or {"node_ip": node_ip, "removed": True})
 
 
 def provision(
@@ -271,16 +322,38 @@ def fabric_preflight(pairs: Pairs = [], file: FileOpt = None) -> None:  # noqa: 
         console.print(f"blocker: {b.get('kind')} {b.get('node_ip', '')}: {b.get('message')}")
 
 
+@fabric_app.command("diff")
+def fabric_diff(node: Annotated[str, typer.Option(help="only this node (its OS IP)")] = "") -> None:
+    """What an apply would change on each node (FRR files, links); nothing is changed."""
+    with api() as a:
+        view = fetch_diff(a, node)
+    if STATE["output"] == "json":
+        emit(view)
+    else:
+        print_diff(view, console)
+
+
 @fabric_app.command("apply")
 def fabric_apply(
     watch: Watch = False,
-    force: Annotated[bool, typer.Option(help="apply despite preflight blockers (fabric_admin)")] = False,
+    force: Annotated[
+        bool, typer.Option(help="apply despite preflight blockers (fabric_admin), or with no change")
+    ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
 ) -> None:
-    """Roll the fabric out to every registered node (asks first unless --yes)."""
-    if not yes and not typer.confirm("Apply the fabric configuration to every registered node?"):
-        raise typer.Exit(1)
+    """Show each node's diff, ask (unless --yes), then roll the fabric out to every node."""
     with api() as a:
+        view = fetch_diff(a)
+        if STATE["output"] != "json":
+            print_diff(view, console)
+        if not view.get("changed") and not view.get("nodes_failed") and not force:
+            if STATE["output"] == "json":
+                emit(view)
+            else:
+                console.print("no change on any node: nothing applied (--force applies anyway)")
+            return
+        if not yes and not typer.confirm("Apply the fabric configuration to every registered node?"):
+            raise typer.Exit(1)
         acc = a.post("/controlnode/fabric-config/apply", params={"force": "true"} if force else None)
         if not watch:
             emit(acc, table("accepted", [acc], ["apply_job_id", "message"]))
@@ -332,7 +405,7 @@ def fabric_teardown(
 
 def register(app: typer.Typer) -> None:
     app.command()(login)
-    app.command()(nodes)
+    app.add_typer(nodes_app, name="nodes")
     app.command()(provision)
     app.command()(unprovision)
     app.command()(jobs)

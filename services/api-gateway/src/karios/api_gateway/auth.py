@@ -12,6 +12,12 @@ missed broadcast).
 The token goes in the ``Authorization`` header. Only the SSE endpoint also takes it as the
 ``access_token`` query parameter (``require(..., query_token=True)``): browsers' EventSource
 cannot set headers, and a query string ends up in access logs and browser history.
+
+The web console (``/console``) keeps the token in an ``HttpOnly; SameSite=Strict`` cookie
+(:data:`CONSOLE_COOKIE`). The cookie is a credential only for same-origin use: never when the
+browser says the request is cross-site (``Sec-Fetch-Site``), and on a write (not GET/HEAD) only
+with the ``X-Karios-Console: 1`` header (a cross-site form cannot send it) and a matching
+``Origin`` when one is sent. A Bearer header, when present, always wins.
 """
 
 from __future__ import annotations
@@ -158,6 +164,8 @@ def require(role: Role, *, query_token: bool = False):  # type: ignore[no-untype
                 )
             token = request.query_params["access_token"]
         if not token:
+            token = console_cookie_token(request)
+        if not token:
             raise Unauthorized("missing bearer token")
         principal = await _verify(request, token)
         if principal is None:
@@ -167,6 +175,39 @@ def require(role: Role, *, query_token: bool = False):  # type: ignore[no-untype
         return principal
 
     return dependency
+
+
+CONSOLE_COOKIE = "karios_console"
+CONSOLE_HEADER = "X-Karios-Console"
+_SAFE_METHODS = frozenset({"GET", "HEAD"})
+
+
+def same_origin(request: Request) -> bool:
+    """False when the browser marks the request cross-site or its ``Origin`` is another host."""
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    host = request.headers.get("host", "")
+    return origin.split("://", 1)[-1].rstrip("/") == host
+
+
+def console_cookie_token(request: Request) -> str | None:
+    """The console cookie's token, if this request may use it (see the module docstring)."""
+    token = request.cookies.get(CONSOLE_COOKIE)
+    if not token:
+        return None
+    if not same_origin(request):
+        raise Unauthorized("the console cookie is refused on a cross-site request")
+    if request.method not in _SAFE_METHODS and request.headers.get(CONSOLE_HEADER) != "1":
+        raise Unauthorized(f"a write with the console cookie needs the header '{CONSOLE_HEADER}: 1'")
+    return token
+
+
+async def verify_token(request: Request, token: str) -> Principal | None:
+    """The principal of ``token`` (cached), or None when unknown or revoked."""
+    return await _verify(request, token)
 
 
 async def _verify(request: Request, token: str) -> Principal | None:

@@ -7,8 +7,8 @@ import contextlib
 import re
 from pathlib import Path
 
-from fastapi import FastAPI
-from fastapi.responses import FileResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, Response
 
 from karios.common.crypto import SecretBox
 from karios.common.errors import NotFound
@@ -19,6 +19,7 @@ from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.handlers import wire
 from karios.provisioner.jobs import JobService
 from karios.provisioner.media import MediaBuilder
+from karios.provisioner.mediaserve import medium_response
 from karios.provisioner.models import SCHEMA
 from karios.provisioner.tlspins import TlsPins, wire_tls_pins
 
@@ -70,12 +71,18 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
     app.state.jobs = svc
     app.state.config = cfg
 
-    @app.get("/media/{name}.iso", summary="A job's boot medium (supports HTTP range requests)")
-    async def get_media(name: str) -> FileResponse:
-        path = media.path_of(name)
-        if not _NAME.match(name) or not path.is_file():
+    @app.api_route(
+        "/media/{name}.iso",
+        methods=["GET", "HEAD"],
+        summary="A job's boot medium: the release's base ISO with the job's slot patched in "
+        "(single-range requests, ETag, Last-Modified)",
+        response_class=Response,
+    )
+    async def get_media(name: str, request: Request) -> Response:
+        served = await asyncio.to_thread(media.open, name) if _NAME.match(name) else None
+        if served is None:
             raise NotFound(f"no medium {name}")
-        return FileResponse(path, media_type="application/x-iso9660-image", filename=f"{name}.iso")
+        return medium_response(served, request, f"{name}.iso")
 
     @app.get(
         "/images/{path:path}",

@@ -205,6 +205,11 @@ class JobService:
         return token
 
     def spawn(self, job_id: str) -> None:
+        """Work the job here, unless a task of this replica already does (the start command and a
+        claim sweep can both hand it over, e.g. when the start's event waited out a bus outage)."""
+        running = self.tasks.get(job_id)
+        if running is not None and not running.done():
+            return
         self.tasks[job_id] = asyncio.create_task(self._run_traced(job_id), name=f"job-{job_id}")
 
     async def _run_traced(self, job_id: str) -> None:
@@ -260,7 +265,7 @@ class JobService:
         self.spawn(cmd.job_id)
 
     async def build_medium(self, cmd: StartProvision, token: str) -> None:
-        """Render the job's install method for this host and write its ISO."""
+        """Render the job's install method for this host into its medium's slot (the base ISO is shared)."""
         job = await self.load(cmd.job_id)
         name = job.method or method_for(self.methods, cmd.job_type, cmd.spec.install_method, "preseed")
         method = self.methods.get(name)
@@ -274,11 +279,11 @@ class JobService:
         t0 = time.perf_counter()
         with trace.get_tracer(TRACER).start_as_current_span("provision.media.build") as span:
             medium = await asyncio.to_thread(method.medium, ctx)
-            iso = await self.media.build_async(
-                cmd.job_id, medium, serial_console_for(self.cfg, cmd.spec.vendor)
-            )
-            span.set_attributes({"karios.install_method": name, "karios.media.bytes": iso.stat().st_size})
-        metrics.medium_built(name, t0, iso.stat().st_size)
+            await self.media.build_async(cmd.job_id, medium, serial_console_for(self.cfg, cmd.spec.vendor))
+            served = self.media.open(cmd.job_id)
+            size = served.size if served is not None else 0  # the medium's length as served
+            span.set_attributes({"karios.install_method": name, "karios.media.bytes": size})
+        metrics.medium_built(name, t0, size)
 
     async def _prepare(self, method: InstallMethod, major: str, suite: str) -> None:
         """A method's base artifacts of one release, prepared once per process (cached on disk)."""

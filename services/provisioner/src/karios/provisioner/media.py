@@ -1,9 +1,12 @@
-"""Boot media: the per-host hybrid BIOS+UEFI ISO of any install method's :class:`Medium`.
+"""Boot media: the hybrid BIOS+UEFI ISO of any install method's :class:`Medium`, at constant cost.
 
 The boot loaders (isolinux, the standalone GRUB EFI image in a FAT image) are prepared once into
 ``cache_dir``; the kernel and base initrd come from the install method (prepared and cached by
-it). A host's ISO costs one initrd copy plus an appended gzip'd cpio and one ``xorriso`` run
-that grafts the cached files in place. Both boot menus use the serial console as well.
+it). One base ISO per boot configuration (kernel, initrd, kernel line, label, serial console) is
+written once by ``xorriso`` with the cached files grafted in place and a fixed-size slot file
+(:mod:`karios.provisioner.mediaslot`) that both boot loaders load as a second initrd. A host's
+medium is only its slot payload (a gzip'd cpio of its overlay, a few KB), patched into the base
+while it is served (:mod:`karios.provisioner.mediaserve`). Both boot menus use the serial console.
 """
 
 from __future__ import annotations
@@ -14,36 +17,34 @@ import itertools
 import os
 import re
 import shutil
-import subprocess
-import tempfile
-import time
-from dataclasses import dataclass
+import threading
 from pathlib import Path
 
-import stamina
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from karios.common.contracts.provision import check_debian_version, debian_suites
 from karios.common.errors import PermanentFailure
-from karios.provisioner.cpio import gzip_overlay
 from karios.provisioner.install import Medium
+from karios.provisioner.mediabase import BootArtifacts, build_base, make_efiboot
+from karios.provisioner.mediaserve import ServedMedium
+from karios.provisioner.mediaslot import (
+    SLOT_SIZE,
+    BaseLayout,
+    base_key,
+    decode_record,
+    encode_record,
+    render_slot,
+)
 
 NETBOOT_ROOT = Path("/usr/lib/debian-installer/images")
 ISOLINUX_BIN = Path("/usr/lib/ISOLINUX/isolinux.bin")
 ISOHDPFX = Path("/usr/lib/ISOLINUX/isohdpfx.bin")
 LDLINUX = Path("/usr/lib/syslinux/modules/bios/ldlinux.c32")
-VOLUME_ID = "KARIOS"
-MARKER = ".karios-media"
+BASE_FORMAT = 1  # bump when the base ISO's layout changes
 
 
 def _suite_version() -> dict[str, str]:
     return {suite: major for major, suite in debian_suites().items() if major.isdigit()}
-
-
-GRUB_STUB = f"""search --no-floppy --set=root --file /{MARKER}
-set prefix=($root)/boot/grub
-configfile ($root)/boot/grub/grub.cfg
-"""
 
 
 def debian_release(version: str) -> tuple[str, str]:
@@ -55,36 +56,6 @@ def debian_release(version: str) -> tuple[str, str]:
 
 def netboot_dir(major: str, arch: str = "amd64", root: Path = NETBOOT_ROOT) -> Path:
     return root / major / arch / "text" / "debian-installer" / arch
-
-
-class _ToolCrashed(Exception):
-    """The tool died from a signal (seen: xorriso 1.5.4 SIGSEGV under load); worth another try."""
-
-
-def _run(argv: list[str], **kw) -> None:  # type: ignore[no-untyped-def]
-    """Run a build tool; a crash (signal) is retried, a real error is permanent at once."""
-    try:
-        for attempt in stamina.retry_context(
-            on=_ToolCrashed, attempts=3, timeout=None, wait_initial=0.2, wait_jitter=0.1
-        ):
-            with attempt:
-                res = subprocess.run(argv, capture_output=True, text=True, timeout=120, **kw)
-                if res.returncode < 0 or "UNIX-SIGNAL" in res.stderr:
-                    raise _ToolCrashed(f"{argv[0]} crashed: {res.stderr.strip()[-300:]}")
-    except _ToolCrashed as exc:
-        raise PermanentFailure(f"{exc} (3 tries)") from None
-    if res.returncode != 0:
-        raise PermanentFailure(f"{argv[0]} failed: {res.stderr.strip()[-500:]}")
-
-
-@dataclass
-class BootArtifacts:
-    """What every ISO boots with, whatever the method: BIOS (isolinux) and UEFI (GRUB in a FAT image)."""
-
-    isolinux_bin: Path
-    ldlinux: Path
-    isohdpfx: Path
-    efiboot: Path
 
 
 _BOOT = Environment(
@@ -119,18 +90,31 @@ def boot_menus(medium: Medium, serial_console: str) -> dict[str, str]:
 
 
 class MediaBuilder:
-    """Writes per-host hybrid BIOS+UEFI ISOs from a :class:`Medium` (kernel, initrd + overlay, args)."""
+    """Per-host media at constant disk cost: one base ISO per boot configuration, one slot per job.
+
+    ``build(name, medium)`` makes sure the base ISO of the medium's kernel, initrd, kernel line,
+    label and serial console exists (built once, ``<cache_dir>/media-base/<key>.iso``), renders
+    the host's overlay into its slot payload and writes ``<media_dir>/<name>.slot`` (a few KB).
+    ``open(name)`` gives what ``GET /media/<name>.iso`` streams: the base with the slot patched in.
+    """
 
     def __init__(self, cache_dir: Path, media_dir: Path) -> None:
         self.cache_dir = Path(cache_dir)
         self.media_dir = Path(media_dir)
         self._boot: BootArtifacts | None = None
         self._lock = asyncio.Lock()
+        self._layouts: dict[str, BaseLayout] = {}
+        self._base_locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
         # A medium removed while it was being built (job cancelled or failed meanwhile; a cancelled
         # task does not stop the build's thread) is discarded when that build finishes.
         self._ticks = itertools.count()
         self._building: dict[str, int] = {}  # name → tick its build started
         self._removed: dict[str, int] = {}  # name → tick it was removed during that build
+
+    @property
+    def base_dir(self) -> Path:
+        return self.cache_dir / "media-base"
 
     def tools_missing(self) -> list[str]:
         missing = [
@@ -149,43 +133,51 @@ class MediaBuilder:
         efiboot = self.cache_dir / "boot" / "efiboot.img"
         if not efiboot.exists():
             efiboot.parent.mkdir(parents=True, exist_ok=True)
-            _make_efiboot(self.cache_dir, efiboot)
+            make_efiboot(self.cache_dir, efiboot)
         self._boot = BootArtifacts(ISOLINUX_BIN, LDLINUX, ISOHDPFX, efiboot)
         return self._boot
 
-    def build(self, name: str, medium: Medium, serial_console: str = "ttyS0,115200n8") -> Path:
-        """Write ``<media_dir>/<name>.iso`` (blocking; run in a thread). Returns its path."""
-        base = self.base()
-        started = self._building[name] = next(self._ticks)
-        self.media_dir.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.media_dir))
-        try:
-            initrd = work / "initrd.gz"
-            with open(initrd, "wb") as out, open(medium.initrd, "rb") as src:
-                shutil.copyfileobj(src, out, 1 << 20)
-                out.write(gzip_overlay(medium.overlay))
-            iso_bin = work / "isolinux.bin"  # xorriso patches the boot info table into its copy
-            shutil.copyfile(base.isolinux_bin, iso_bin)
-            grafts = {
-                "/install.amd/vmlinuz": medium.kernel,
-                "/install.amd/initrd.gz": initrd,
-                "/isolinux/isolinux.bin": iso_bin,
-                "/isolinux/ldlinux.c32": base.ldlinux,
-                "/boot/efiboot.img": base.efiboot,
+    def base_for(self, medium: Medium, serial_console: str) -> tuple[Path, BaseLayout]:
+        """The base ISO booting ``medium`` (built on first use; blocking) and its slot layout."""
+        boot = self.base()
+        menus = boot_menus(medium, serial_console)
+        key = base_key(
+            {
+                "v": BASE_FORMAT,
+                "menus": menus,
+                "slot": SLOT_SIZE,
+                "files": {
+                    str(p): _stamp(p)
+                    for p in (medium.kernel, medium.initrd, boot.efiboot, boot.isolinux_bin, boot.ldlinux)
+                },
             }
-            for rel, text in {**boot_menus(medium, serial_console), MARKER: name + "\n"}.items():
-                p = work / rel.replace("/", "_")
-                p.write_text(text)
-                grafts["/" + rel] = p
-            tmp_iso = work / "out.iso"
-            _run(_xorriso_argv(tmp_iso, base, grafts))
-            final = self.media_dir / f"{name}.iso"
+        )
+        with self._guard:
+            lock = self._base_locks.setdefault(key, threading.Lock())
+        with lock:
+            layout = self._layouts.get(key) or load_layout(self.base_dir, key)
+            if layout is None:
+                layout = build_base(self.base_dir, key, boot, medium, menus)
+            self._layouts[key] = layout
+        return self.base_dir / f"{key}.iso", layout
+
+    def build(self, name: str, medium: Medium, serial_console: str = "ttyS0,115200n8") -> Path:
+        """Write the job's slot record ``<media_dir>/<name>.slot`` (blocking; run in a thread)."""
+        started = self._building[name] = next(self._ticks)
+        try:
+            iso, layout = self.base_for(medium, serial_console)
+            record = encode_record(layout.key, render_slot(medium.overlay, layout.size), str(iso))
+            self.media_dir.mkdir(parents=True, exist_ok=True)
+            final = self.path_of(name)
             if self._removed.get(name, -1) > started:
                 return final  # removed meanwhile: the job ended; nothing to publish
-            os.replace(tmp_iso, final)
+            tmp = final.with_name(f".{name}.{os.getpid()}.{started}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the job token
+            with os.fdopen(fd, "wb") as f:
+                f.write(record)
+            os.replace(tmp, final)
             return final
         finally:
-            shutil.rmtree(work, ignore_errors=True)
             self._building.pop(name, None)
             self._removed.pop(name, None)
 
@@ -195,7 +187,23 @@ class MediaBuilder:
         return await asyncio.to_thread(self.build, name, medium, serial_console)
 
     def path_of(self, name: str) -> Path:
-        return self.media_dir / f"{name}.iso"
+        """The job's slot record (the only per-job file)."""
+        return self.media_dir / f"{name}.slot"
+
+    def open(self, name: str) -> ServedMedium | None:
+        """What ``GET /media/<name>.iso`` serves, or None (no such medium, or its base is gone)."""
+        path = self.path_of(name)
+        try:
+            key, _, payload = decode_record(path.read_bytes())
+            record_mtime = path.stat().st_mtime
+        except (FileNotFoundError, ValueError):
+            return None
+        layout = self._layouts.get(key) or load_layout(self.base_dir, key)
+        base = self.base_dir / f"{key}.iso"
+        if layout is None or not base.is_file():
+            return None
+        self._layouts[key] = layout
+        return ServedMedium(base, layout, payload, max(record_mtime, base.stat().st_mtime))
 
     def remove(self, name: str) -> None:
         if name in self._building:
@@ -204,67 +212,26 @@ class MediaBuilder:
             self.path_of(name).unlink()
 
 
-def _make_efiboot(cache_dir: Path, efiboot: Path) -> None:
-    """The standalone GRUB EFI image in a FAT image (atomic: concurrent preparers end with one file)."""
-    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
-        stub = Path(tmp) / "stub.cfg"
-        stub.write_text(GRUB_STUB)
-        efi = Path(tmp) / "bootx64.efi"
-        modules = "part_gpt part_msdos iso9660 search search_fs_file configfile linux normal serial terminal"
-        _run(
-            [
-                "grub-mkstandalone",
-                "-O",
-                "x86_64-efi",
-                "-o",
-                str(efi),
-                f"--modules={modules}",
-                "--locales=",
-                "--fonts=",
-                f"boot/grub/grub.cfg={stub}",
-            ]
-        )
-        img = Path(tmp) / "efiboot.img"
-        size_kb = max(4096, (efi.stat().st_size // 1024) + 1024)
-        _run(["mkfs.vfat", "-C", str(img), str(size_kb)])
-        _run(["mmd", "-i", str(img), "::/EFI", "::/EFI/BOOT"])
-        _run(["mcopy", "-i", str(img), str(efi), "::/EFI/BOOT/BOOTX64.EFI"])
-        os.replace(img, efiboot)
+def _stamp(p: Path) -> list[int]:
+    st = p.stat()
+    return [st.st_size, st.st_mtime_ns]
 
 
-def _xorriso_argv(out: Path, base: BootArtifacts, grafts: dict[str, Path]) -> list[str]:
-    return [
-        "xorriso",
-        "-as",
-        "mkisofs",
-        "-quiet",
-        "-o",
-        str(out),
-        "-V",
-        VOLUME_ID,
-        "-J",
-        "-R",
-        "-isohybrid-mbr",
-        str(base.isohdpfx),
-        "-c",
-        "isolinux/boot.cat",
-        "-b",
-        "isolinux/isolinux.bin",
-        "-no-emul-boot",
-        "-boot-load-size",
-        "4",
-        "-boot-info-table",
-        "-eltorito-alt-boot",
-        "-e",
-        "boot/efiboot.img",
-        "-no-emul-boot",
-        "-isohybrid-gpt-basdat",
-        "-graft-points",
-        *[f"{k}={v}" for k, v in grafts.items()],
-    ]
+def load_layout(base_dir: Path, key: str) -> BaseLayout | None:
+    """The recorded slot layout of base ``key`` (None when missing or not matching its ISO)."""
+    iso, meta = base_dir / f"{key}.iso", base_dir / f"{key}.json"
+    with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+        layout = BaseLayout.from_json(meta.read_text())
+        if iso.stat().st_size == layout.iso_size:
+            return layout
+    return None
 
 
-def timed_build(builder: MediaBuilder, name: str, medium: Medium) -> float:
-    t = time.perf_counter()
-    builder.build(name, medium)
-    return time.perf_counter() - t
+def open_record(record: Path) -> ServedMedium | None:
+    """A job's served medium from its record alone (tools and tests: the base where it was built)."""
+    try:
+        _, base, _ = decode_record(record.read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+    builder = MediaBuilder(Path(base).parent.parent, record.parent) if base else None
+    return builder.open(record.stem) if builder else None

@@ -21,6 +21,7 @@ from sqlmodel import select
 
 from karios.api_gateway.auth import Principal, Role, require
 from karios.api_gateway.readmodel import JobRow
+from karios.common.contracts.fabric_diff import FabricDiffQuery, FabricDiffView
 from karios.common.contracts.fabric_rollout import (
     ApplyAccepted,
     BatchNodePostdeploy,
@@ -194,6 +195,33 @@ async def node_drift(
         reply=FabricDriftView,
     )
     return view.nodes[0]
+
+
+@router.post(
+    "/diff",
+    response_model=FabricDiffView,
+    summary="Preview an apply: per-node diff of the FRR files and links (nothing is changed)",
+    description="Read-only SSH fan-out running the apply's own discover → render → diff, stopped before "
+    "the commit: per node unified diffs of daemons / frr.conf / vtysh.conf (secrets redacted: BGP "
+    "passwords and OSPF keys read `<redacted>`), the vtep0 / vxlanN / brN changes, the FRR action, "
+    "`changed`, `reachable` and `error`. No VTEP is allocated: `vtep_ip` is the one an apply would use.",
+    responses={
+        404: {"description": "No fabric configuration stored, or node_ip not registered"},
+        409: {"description": "The stored configuration cannot be rolled out (the field is named)"},
+        422: {"description": "node_ip is not an IP address"},
+        **_ERRORS,
+    },
+)
+async def diff(
+    request: Request,
+    node_ip: Annotated[IPText, Query(description="Only this node (its OS IP)")] = "",
+    _p: Principal = Depends(require(Role.operator)),
+) -> FabricDiffView:
+    rt = request.app.state.runtime
+    q = FabricDiffQuery(node_ip=_node_ip(node_ip) if node_ip else "")
+    return await rt.bus.request(
+        rt.bus.subjects.query("fabric", "diff"), q, timeout=SSH_TIMEOUT, reply=FabricDiffView
+    )
 
 
 @router.post(

@@ -10,12 +10,14 @@
 - ``q.fabric.latest``             the latest job summary
 - ``q.fabric.postdeploy``         one node's post-deploy checklist
 - ``q.fabric.drift``              :func:`drift_watch.drift`: the last drift round (all nodes or one)
+- ``q.fabric.diff``               :func:`preview.diff`: what an apply would change per node (read-only)
 """
 
 from __future__ import annotations
 
 from functools import partial
 
+from karios.common.contracts.fabric_diff import FabricDiffQuery
 from karios.common.contracts.fabric_rollout import (
     CancelFabricApply,
     FabricDriftQuery,
@@ -29,7 +31,7 @@ from karios.common.contracts.fabric_rollout import (
 )
 from karios.common.crypto import SecretBox
 from karios.common.service import ServiceRuntime
-from karios.fabric_worker.rollout import apply, checks, drift_watch, nodes, teardown
+from karios.fabric_worker.rollout import apply, checks, drift_watch, nodes, preview, teardown
 from karios.fabric_worker.rollout.service import RolloutService
 from karios.fabric_worker.settings import FabricWorkerSettings
 
@@ -59,5 +61,6 @@ def register_rollout(rt: ServiceRuntime, box: SecretBox, settings: FabricWorkerS
     bus.query_responder(sub.query("fabric", "latest"), FabricLatestQuery, partial(apply.latest, svc))
     bus.query_responder(sub.query("fabric", "postdeploy"), PostdeployQuery, partial(checks.postdeploy, svc))
     bus.query_responder(sub.query("fabric", "drift"), FabricDriftQuery, partial(drift_watch.drift, svc))
+    bus.query_responder(sub.query("fabric", "diff"), FabricDiffQuery, partial(preview.diff, svc))
     nodes.register_nodes(svc)  # req.fabric.pin_host_key / release_node (node adoption, removal)
     return svc

@@ -5,7 +5,7 @@ prebuilt root filesystem; ``wipe``: the same live environment erasing every disk
 
 - the base artifacts it boots (kernel + initrd), prepared once per release and cached
   (:meth:`InstallMethod.prepare`, blocking, may take minutes the first time);
-- the per-host files appended to that initrd and the kernel arguments (:meth:`InstallMethod.medium`,
+- the per-host files loaded after that initrd and the kernel arguments (:meth:`InstallMethod.medium`,
   pure given prepared artifacts) — the job service hands the :class:`Medium` to the ISO writer;
 - the stages its scripts report, in order (:attr:`InstallMethod.stages`).
 
@@ -84,13 +84,17 @@ class HostContext:
 
 @dataclass
 class Medium:
-    """What the ISO writer needs: a kernel, a base initrd, the per-host overlay and kernel args."""
+    """What the ISO writer needs: a kernel, a base initrd, the per-host overlay and kernel args.
+
+    Only ``overlay`` may differ from host to host: kernel, initrd, kernel line and label make the
+    base ISO shared by every host of a release (a per-host value there costs a base ISO per host).
+    """
 
     kernel: Path
-    initrd: Path  # the per-host overlay is appended to a copy of it as a gzip'd cpio
+    initrd: Path  # the base initrd; the overlay is loaded after it as a second initrd
     overlay: dict[str, str]  # path inside the initrd → text (scripts are made executable)
     kernel_args: list[str]  # the boot entry's kernel line (the writer adds console= itself)
-    label: str
+    label: str  # the boot menu's entry (no host name: see above)
 
 
 class InstallMethod(Protocol):

@@ -122,5 +122,5 @@ class ImageMethod(LiveMethod):
             initrd=art.initrd,
             overlay=overlay,
             kernel_args=list(LIVE_KERNEL_ARGS),
-            label=f"Karios image install {ctx.hostname}",
+            label="Karios image install",
         )

@@ -59,7 +59,7 @@ class PreseedMethod:
             initrd=src / "initrd.gz",
             overlay=preseed.render_media_files(pctx),
             kernel_args=[*ARGS, "---"],
-            label=f"Karios {self.job_type} {ctx.hostname}",
+            label=f"Karios {self.job_type}",
         )
 
 

@@ -49,5 +49,5 @@ class WipeMethod(LiveMethod):
                 "karios/net.env": net_env(ctx.nic_mac, ctx.static, ctx.nameservers),
             },
             kernel_args=list(LIVE_KERNEL_ARGS),
-            label=f"Karios wipe {ctx.hostname or ctx.bmc_ip}",
+            label="Karios wipe",
         )

@@ -1,0 +1,291 @@
+"""The web console in a real headless Chromium (Debian's ``chromium`` + ``chromedriver``, driven by
+Selenium) against ``karios up`` with emulated BMCs (sushy-tools) and, as root, the fabric lab's
+three namespace nodes (real sshd + FRR) behind a route reflector.
+
+Logs in with a token; starts a provision from the console and watches its page reach
+``booting``; cancels another from its page; a viewer's pages carry no write control (and the API
+refuses the viewer anyway); the fabric page runs a preflight (node3's 1500 MTU shown on the node),
+then an apply, and shows the three nodes turn Established. Every page is saved as a screenshot
+under ``$KARIOS_SCREENSHOTS`` (default ``/tmp/karios-console-screenshots``); the paths are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fixtures.chaos import KariosUp, state_dir
+from tests.fixtures.provision import write_inventory
+from tests.fixtures.wait import wait_until_sync
+from tests.lab.redfish_lab import RedfishEmulator, fake_system
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
+import fabric_lab
+
+CI = os.environ.get("CI", "").lower() == "true"
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+SHOTS = Path(os.environ.get("KARIOS_SCREENSHOTS", "/tmp/karios-console-screenshots"))
+BMCS = ["10.97.0.1", "10.97.0.2"]
+FABRIC_CONFIG = {
+    "as": 65000,
+    "fabric_switch_as": 65000,
+    "fabric_switch_name": "rr",
+    "fabric_switch_nos": "other",
+    "fabric_switch_peering_ip": fabric_lab.FABRIC_IP,
+    "fabric_switch_role": "spine",
+    "management_cidr": "198.18.0.0/24",
+    "router_id_cidr": "198.19.1.1/24",
+    "vxlan_mtu": 1500,  # node3's underlay carries 1500: a drift to show, not a blocker
+    "ospf_enabled": False,
+    "expected_nodes": 3,
+}
+
+
+def _chromium_missing() -> str | None:
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not shutil.which(p)]
+    return f"{' and '.join(missing)} not installed (apt-get install chromium chromium-driver)" if missing else None
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[fabric_lab.FabricLab | None]:
+    """The fabric lab when this machine can run it (root), else None (its test skips)."""
+    if fabric_lab.skip_reason():
+        yield None
+        return
+    with fabric_lab.FabricLab(n_nodes=3, prefix="kc", mtu_overrides={"node3": 1500}) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def system(lab) -> Iterator[KariosUp]:
+    emu = RedfishEmulator([fake_system(f"console{i}") for i in range(len(BMCS))]).start()
+    try:
+        with state_dir("karios-console-") as root:
+            inv = write_inventory(root / "inventory.yaml", BMCS)
+            endpoints = {
+                ip: {"url": emu.url, "system_id": sid, "username": emu.username, "password": emu.password}
+                for ip, sid in zip(BMCS, emu.system_ids, strict=True)
+            }
+            env = {
+                "KARIOS_INVENTORY_FILE": str(inv),
+                "KARIOS_PROVISIONER_BMC_ENDPOINTS": json.dumps(endpoints),
+                "KARIOS_PROVISIONER_INSTALL_METHOD": "preseed",
+            }
+            if lab is not None:
+                env |= {
+                    "KARIOS_FABRIC_SSH_KEY": lab.client_key_path,
+                    "KARIOS_FABRIC_VNIS": "100,200",
+                    "KARIOS_FABRIC_FRR_LOG_FILE": "/run/frr/frr.log",
+                    "KARIOS_FABRIC_CONNECT_TIMEOUT": "5",
+                    "KARIOS_FABRIC_VERIFY_TIMEOUT": "60",
+                    "KARIOS_FABRIC_PREFLIGHT_TIMEOUT": "15",
+                }
+            up = KariosUp(root / "state", env=env)
+            try:
+                up.wait_started()
+                yield up
+            finally:
+                up.stop()
+    finally:
+        emu.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    reason = _chromium_missing()
+    if reason:
+        if CI or os.geteuid() == 0:
+            pytest.fail(f"the console test needs a browser: {reason}", pytrace=False)
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="karios-chromium-")
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1000", f"--user-data-dir={profile}"):  # fmt: skip
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def shot(driver, name: str) -> Path:
+    path = SHOTS / f"{name}.png"
+    driver.save_screenshot(str(path))
+    print(f"screenshot: {path}")
+    return path
+
+
+def css(driver, selector: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def login(driver, up: KariosUp, token: str) -> None:
+    driver.get(up.url() + "/console/login")
+    css(driver, "#token")[0].send_keys(token)
+    css(driver, "#login")[0].click()
+    wait_until_sync(lambda: driver.current_url.endswith("/console/jobs"), timeout=30, what="the jobs page")
+
+
+def logout(driver) -> None:
+    css(driver, "#logout")[0].click()
+    wait_until_sync(lambda: driver.current_url.endswith("/console/login"), timeout=30, what="the login page")
+
+
+def provision_from_console(driver, bmc: str, hostname: str) -> str:
+    """Fill the provision form; the console opens the new job's page: its id."""
+    from selenium.webdriver.support.ui import Select
+
+    driver.get(driver.current_url.split("/console")[0] + "/console/jobs")
+    css(driver, "#prov-bmc")[0].send_keys(bmc)
+    Select(css(driver, "#prov-vendor")[0]).select_by_visible_text("generic")
+    css(driver, "#prov-hostname")[0].send_keys(hostname)
+    css(driver, "#provision")[0].click()
+    wait_until_sync(lambda: "/console/jobs/" in driver.current_url, timeout=30, what=f"the job page of {bmc}")
+    return driver.current_url.rsplit("/", 1)[1]
+
+
+def job_state(driver) -> str:
+    el = css(driver, "#job-state")
+    return el[0].get_attribute("data-state") if el else ""
+
+
+def test_login_provision_to_booting_and_cancel(system: KariosUp, browser) -> None:
+    d = browser
+    d.get(system.url() + "/console/jobs")
+    assert d.current_url.endswith("/console/login")  # no cookie: the login page
+    css(d, "#token")[0].send_keys("kt_not-a-token")
+    css(d, "#login")[0].click()
+    wait_until_sync(lambda: css(d, "#login-error"), timeout=20, what="the login error")
+    assert "rejected" in css(d, "#login-error")[0].text
+    shot(d, "01-login")
+    login(d, system, system.token)
+    assert "bootstrap-admin" in css(d, "#who")[0].text
+    # The token sits in an HttpOnly cookie: the page's script cannot read it.
+    assert d.execute_script("return document.cookie") == ""
+
+    job_id = provision_from_console(d, BMCS[0], "console-a")
+    wait_until_sync(lambda: job_state(d) in ("booting", "installing"), timeout=150, interval=0.5,
+                    what="the job page to show booting")  # fmt: skip
+    stages = [li.get_attribute("data-stage") for li in css(d, "#timeline li[data-stage]")]
+    assert "Booting" in stages and "Building ISO" in stages, stages
+    assert d.execute_script("return document.body.dataset.sse") == "open"
+    shot(d, "02-job-booting")
+
+    other = provision_from_console(d, BMCS[1], "console-b")
+    assert other != job_id
+    wait_until_sync(lambda: css(d, "#cancel-job"), timeout=30, what="the cancel button")
+    css(d, "#cancel-job")[0].click()
+    wait_until_sync(lambda: job_state(d) == "cancelled", timeout=90, interval=0.5, what="the job to be cancelled")
+    assert "cancel requested" in css(d, "#flash")[0].text
+    assert not css(d, "#cancel-job")  # an ended job has nothing to cancel
+    shot(d, "03-job-cancelled")
+
+    d.get(system.url() + "/console/jobs")
+    rows = {r.get_attribute("data-job-id"): r for r in css(d, "#jobs-table tr[data-job-id]")}
+    assert {job_id, other} <= set(rows)
+    assert rows[other].find_element("css selector", "td.state").get_attribute("data-state") == "cancelled"
+    shot(d, "04-jobs")
+    d.get(system.url() + "/console/nodes")
+    assert {BMCS[0], BMCS[1]} <= {r.get_attribute("data-bmc") for r in css(d, "#bmcs-table tr[data-bmc]")}
+    shot(d, "05-nodes")
+
+
+def test_viewer_sees_no_write_controls(system: KariosUp, browser) -> None:
+    r = httpx.post(
+        system.url() + "/controlnode/tokens",
+        json={"name": "console-viewer", "role": "viewer"},
+        headers={"Authorization": f"Bearer {system.token}"},
+        timeout=30,
+    )
+    assert r.status_code in (200, 201), r.text
+    d = browser
+    d.get(system.url() + "/console/jobs")
+    if not d.current_url.endswith("/console/login"):
+        logout(d)
+    login(d, system, r.json()["token"])
+    assert "viewer" in css(d, "#who")[0].text
+    running = next(
+        row.get_attribute("data-job-id")
+        for row in css(d, "#jobs-table tr[data-job-id]")
+        if row.get_attribute("data-bmc") == BMCS[0]
+    )
+    for name, path in [("06-viewer-jobs", "/console/jobs"), ("07-viewer-job", f"/console/jobs/{running}"),
+                       ("08-viewer-fabric", "/console/fabric"), ("09-viewer-nodes", "/console/nodes")]:  # fmt: skip
+        d.get(system.url() + path)
+        assert css(d, "main h1"), path
+        assert not css(d, "[data-write]"), path
+        buttons = [b.get_attribute("id") for b in css(d, "button")]
+        assert buttons == ["logout"], (path, buttons)
+        shot(d, name)
+    # Hiding is not the protection: the API refuses the viewer's write (cookie + console header).
+    status = d.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "fetch('/controlnode/job/' + arguments[0] + '/cancel', {method: 'POST',"
+        " headers: {'X-Karios-Console': '1'}}).then(r => done(r.status));",
+        running,
+    )
+    assert status == 403
+    logout(d)
+
+
+def test_fabric_page_nodes_turn_established_after_apply(system: KariosUp, browser, lab) -> None:
+    if lab is None:
+        reason = fabric_lab.skip_reason()
+        if CI:
+            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+    admin = {"Authorization": f"Bearer {system.token}"}
+    with httpx.Client(base_url=system.url(), headers=admin, timeout=60) as c:
+        for i, n in enumerate(lab.nodes, 1):
+            body = {"bmc_ip": f"198.18.1.{i}", "os_ip": n.underlay_ip, "os_username": "root", "fqdn": n.name}
+            assert c.post("/controlnode/register", json=body).status_code == 200
+        r = c.post("/controlnode/fabric-config", json=FABRIC_CONFIG)
+        assert r.status_code in (200, 201), r.text
+    d = browser
+    login(d, system, system.token)
+    d.get(system.url() + "/console/fabric")
+    ips = [n.underlay_ip for n in lab.nodes]
+    wait_until_sync(lambda: len(css(d, "g.node[data-node-ip]")) == 3, timeout=30, what="three nodes drawn")
+    assert "established" not in {g.get_attribute("data-state") for g in css(d, "g.node")}
+    assert "route reflector" in css(d, "#topology")[0].text
+    shot(d, "10-fabric-before")
+
+    css(d, "#preflight")[0].click()
+    wait_until_sync(lambda: css(d, "#preflight-verdict"), timeout=120, interval=0.5, what="the preflight result")
+    node3 = css(d, f'g.node[data-node-ip="{ips[2]}"] text.mtu-drift')
+    assert node3 and "1500" in node3[0].text, "node3's MTU drift is shown on the node"
+    assert not css(d, f'g.node[data-node-ip="{ips[0]}"] text.mtu-drift')
+    shot(d, "11-fabric-preflight")
+
+    css(d, "#apply")[0].click()
+    wait_until_sync(lambda: "apply" in css(d, "#flash")[0].text, timeout=30, what="the apply to start")
+    assert "started" in css(d, "#flash")[0].text, css(d, "#flash")[0].text
+
+    def established() -> bool:
+        return [g.get_attribute("data-state") for g in css(d, "g.node")] == ["established"] * 3
+
+    wait_until_sync(established, timeout=240, interval=0.5, what="three nodes Established")
+    labels = [t.text for t in css(d, "g.node text.state-label")]
+    assert labels == ["Established"] * 3, labels
+    for ip in ips:
+        assert "VTEP 198.19.1." in css(d, f'g.node[data-node-ip="{ip}"]')[0].text
+    assert css(d, "#fabric-job")[0].get_attribute("data-job-status") == "completed"
+    shot(d, "12-fabric-established")
