@@ -14,14 +14,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.fixtures.chaos import KariosUp, state_dir
-from tests.fixtures.provision import medium_token, write_inventory
+from tests.fixtures.provision import inserts_seen, medium_token, write_inventory
 from tests.fixtures.wait import wait_until_sync
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
 
 BMCS = ["10.96.0.1", "10.96.0.2", "10.96.0.3"]
 DEAD_BMC = "10.96.0.9"  # in the inventory, its BMC endpoint refuses connections
+INVENTORY_BMC = "127.0.0.1"  # the emulator itself, found from the inventory record alone
 
 
 class System:
@@ -54,26 +56,29 @@ class System:
             text=True,
         )
 
-    def iso(self, job_id: str) -> Path:
+    def medium_url(self, job_id: str) -> str:
         """The job's boot medium as the BMC downloads it from the provisioner."""
-        out = self.root / f"{job_id}.iso"
-        with httpx.stream("GET", f"{self.up.url('provisioner')}/media/{job_id}.iso", timeout=60) as r:
-            assert r.status_code == 200, r.read()
-            with out.open("wb") as f:
-                for chunk in r.iter_bytes():
-                    f.write(chunk)
-        return out
+        return f"{self.up.url('provisioner')}/media/{job_id}.iso"
 
 
 @pytest.fixture(scope="module")
 def system() -> Iterator[System]:
-    emu = RedfishEmulator([fake_system(f"cli{i}") for i in range(len(BMCS))]).start()
+    emu = RedfishEmulator([fake_system(f"cli{i}") for i in range(len(BMCS) + 1)]).start()
     try:
         with state_dir("karios-cli-") as root:
-            inv = write_inventory(root / "inventory.yaml", [*BMCS, DEAD_BMC])
+            inv = write_inventory(root / "inventory.yaml", [*BMCS, DEAD_BMC, INVENTORY_BMC])
+            # This one is reached only through its inventory record (no side table): scheme, port
+            # and Redfish system from the device's custom fields.
+            data = yaml.safe_load(inv.read_text())
+            data["devices"][-1]["custom_fields"] = {
+                "bmc_scheme": "http",
+                "bmc_port": emu.port,
+                "redfish_system_id": emu.system_ids[-1],
+            }
+            inv.write_text(yaml.safe_dump(data))
             endpoints = {
                 ip: {"url": emu.url, "system_id": sid, "username": emu.username, "password": emu.password}
-                for ip, sid in zip(BMCS, emu.system_ids, strict=True)
+                for ip, sid in zip(BMCS, emu.system_ids[: len(BMCS)], strict=True)
             }
             endpoints[DEAD_BMC] = {"url": "http://127.0.0.1:9", "username": "a", "password": "b"}
             up = KariosUp(
@@ -148,7 +153,7 @@ def test_provision_watch_to_completion_with_the_installer_callbacks(system: Syst
             return bool(mine) and mine[0]["state"] in ("booting", "installing")
 
         wait_until_sync(accepted, timeout=120, interval=0.5, what="the job to reach booting")
-        token, _ = medium_token(system.iso(job_id))
+        token, _ = medium_token(system.medium_url(job_id))
         h = {"X-Karios-Job-Token": token}
         with httpx.Client(base_url=system.up.url(), timeout=10) as c:
             for step in ("network", "partitioning", "packages"):
@@ -277,3 +282,26 @@ def test_events_and_fabric_verbs(system: System):
     assert bad.returncode == 1 and "management_cidr" in bad.stderr
     missing = system.karios("fabric", "show")
     assert missing.returncode == 1 and "404" in missing.stderr
+
+
+def test_the_bmc_is_reached_at_the_inventorys_address_port_and_system(system: System):
+    """No KARIOS_PROVISIONER_BMC_ENDPOINTS entry: the inventory record says where the BMC is, the
+    registry holds its credentials (registered like an operator would)."""
+    sid = system.emu.system_ids[-1]
+    with httpx.Client(base_url=system.up.url(), timeout=10) as c:
+        r = c.post(
+            "/controlnode/register",
+            json={
+                "bmc_ip": INVENTORY_BMC,
+                "bmc_username": system.emu.username,
+                "bmc_password": system.emu.password,
+            },
+            headers={"Authorization": f"Bearer {system.up.token}"},
+        )
+        assert r.status_code == 200, r.text
+    before = inserts_seen(system.emu, sid)
+    r = system.karios("provision", INVENTORY_BMC, "--watch", "--until", "booting", timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert inserts_seen(system.emu, sid) == before + 1  # the medium went into that very system
+    status, cd = system.emu.request("GET", f"/redfish/v1/Systems/{sid}/VirtualMedia/Cd")
+    assert status == 200 and cd and cd.get("Inserted") is True, cd

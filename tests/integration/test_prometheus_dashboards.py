@@ -2,8 +2,9 @@
 generated dashboard (deploy/grafana) returns data, and the alert rules pass promtool.
 
 Workload: node registrations, 5 provisions on the sushy-tools Redfish emulator (4 complete, 1
-fails at an installer step), boot API requests, a fabric config + plan + apply on a one-node
-namespace lab (sshd + FRR). Prometheus (Debian's package) runs on a free port with a scrape config
+fails at an installer step), boot API requests, a fabric config + plan + apply (the one-node
+namespace lab with sshd + FRR converges; the 4 provisioned hosts, registered at first boot with
+addresses nothing answers on, fail). Prometheus (Debian's package) runs on a free port with a scrape config
 generated from deploy/prometheus/prometheus.yml (same job names, the test's ports) and the
 same rule files. Skipped with the reason when prometheus or the labs are missing; failed under CI.
 """
@@ -138,6 +139,11 @@ class Prometheus:
         self.log.close()
 
 
+def mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
 def substitute(expr: str, variables: dict[str, str]) -> str:
     """Grafana's template variables as the dashboard's "All" would send them."""
     for name in variables:
@@ -158,6 +164,13 @@ def emulator():
         _need(f"sushy-tools emulator unavailable: {exc}")
     yield emu
     emu.stop()
+
+
+@pytest.fixture
+def workdir():
+    """Our own directory: concurrent pytest sessions on this machine prune each other's basetemp."""
+    with tempfile.TemporaryDirectory(prefix="karios-prom-") as d:
+        yield Path(d)
 
 
 @pytest.fixture(scope="module")
@@ -244,15 +257,15 @@ async def fabric_workload(c: httpx.AsyncClient, lab) -> None:  # type: ignore[no
 
 
 @pytest.mark.timeout(900)  # the one-node lab may wait for another lab's host link
-async def test_every_dashboard_panel_has_data(settings, serve, emulator, lab, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+async def test_every_dashboard_panel_has_data(settings, serve, emulator, lab, workdir) -> None:  # type: ignore[no-untyped-def]
     _need_prometheus()
     await retire_leftover_jobs(settings.database_url)
-    inventory = write_inventory(tmp_path_factory.mktemp("inventory") / "inventory.yaml", list(STACK_BMCS))
+    inventory = write_inventory(workdir / "inventory.yaml", list(STACK_BMCS))
     inv = await serve(inventory_app(settings.model_copy(update={"inventory_file": inventory})))
     cfg = ProvisionerConfig(
         cache_dir=Path(tempfile.gettempdir()) / "karios-test-media-cache",
-        media_dir=tmp_path_factory.mktemp("media"),
-        images_dir=tmp_path_factory.mktemp("images"),
+        media_dir=mkdir(workdir / "media"),
+        images_dir=mkdir(workdir / "images"),
         bmc_retries=1,
         bmc_backoff=0.1,
         bmc_timeout=30,
@@ -292,7 +305,7 @@ async def test_every_dashboard_panel_has_data(settings, serve, emulator, lab, tm
         "bootapi": boot.url,
         "fabric-worker": fab.url,
     }
-    prom = Prometheus(scrape_config(targets), tmp_path_factory.mktemp("prometheus"))
+    prom = Prometheus(scrape_config(targets), mkdir(workdir / "prometheus"))
     try:
         async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:
             await prom.ready(c)

@@ -57,6 +57,7 @@ SECRETS = {
     "ospf_auth_type": "message-digest",
     "ospf_auth_key": OSPF_KEY,
     "ospf_auth_key_id": 3,
+    "ospf_fabric_interface": "br-underlay",
 }
 DIFF = "/controlnode/fabric-config/diff"
 BMCS = [f"198.18.5.{i}" for i in (1, 2, 3)]

@@ -92,7 +92,7 @@ async def test_the_emulator_boots_each_jobs_patched_medium(stack, tmp_path):
             )
             assert step.status_code == 200, step.text
         assert tokens[0] != tokens[1]
-        assert medium_token(f"{stack.prov}/media/{jobs[1]}.iso")[0] == tokens[1]
+        assert (await asyncio.to_thread(medium_token, f"{stack.prov}/media/{jobs[1]}.iso"))[0] == tokens[1]
         report = subprocess.run(
             ["xorriso", "-indev", str(got[0]), "-find", SLOT_PATH, "-exec", "report_lba", "--"],
             capture_output=True,

@@ -28,7 +28,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from karios.common.contracts.inventory import BmcHardware, Disk, Gpu, Host, HostInterface, IpAllocation, Nic
+from karios.common.contracts.inventory import (
+    BmcEndpointHint,
+    BmcHardware,
+    Disk,
+    Gpu,
+    Host,
+    HostInterface,
+    IpAllocation,
+    Nic,
+)
 from karios.common.errors import Conflict, ValidationFailed
 from karios.common.netaddr import normalize_ip, normalize_mac
 
@@ -104,6 +113,7 @@ class FileDevice(Host):
             disks=[d.model_copy(update={"source": d.source or "file"}) for d in self.disks],
             gpus=[g.model_copy(update={"source": g.source or "file"}) for g in self.gpus],
             nics=nics,
+            endpoint=BmcEndpointHint.from_custom_fields(self.custom_fields),
         )
 
 

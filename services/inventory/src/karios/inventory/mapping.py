@@ -12,7 +12,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from karios.common.contracts.inventory import BmcHardware, Disk, Gpu, Host, HostInterface, Nic
+from karios.common.contracts.inventory import (
+    BmcEndpointHint,
+    BmcHardware,
+    Disk,
+    Gpu,
+    Host,
+    HostInterface,
+    Nic,
+)
 from karios.common.netaddr import mac_or_none
 
 Json = Mapping[str, Any]
@@ -326,6 +334,7 @@ def bmc_hardware_from_netbox(
         disks=sorted(disks, key=lambda d: _natural(d.name)),
         gpus=sorted(gpus, key=lambda g: _natural(g.name)),
         nics=nics,
+        endpoint=BmcEndpointHint.from_custom_fields(device.get("custom_fields")),
     )
 
 

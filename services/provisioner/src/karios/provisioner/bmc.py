@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from karios.common.bus.runtime import Bus
-from karios.common.contracts.inventory import BmcAccess, BmcAccessQuery
+from karios.common.contracts.inventory import (
+    BmcAccess,
+    BmcAccessQuery,
+    BmcEndpointHint,
+    BmcHardware,
+    BmcHardwareQuery,
+)
 from karios.common.contracts.provision import StartProvision
 from karios.common.crypto import SecretBox
 from karios.common.errors import KariosError
@@ -50,6 +56,20 @@ class BmcAccessor:
             user, password = self.cfg.bmc_default_user, self.cfg.bmc_default_password
         return user, password
 
+    async def inventory_hint(self, ip: str) -> BmcEndpointHint:
+        """Scheme, port and Redfish system of the BMC from its inventory record (none: defaults)."""
+        try:
+            hw = await self.bus.request(
+                self.bus.subjects.query("inventory", "bmc_hardware"),
+                BmcHardwareQuery(bmc_ip=ip),
+                timeout=2.0,
+                reply=BmcHardware,
+            )
+        except KariosError as exc:
+            log.info("no inventory endpoint hint for the BMC", bmc_ip=ip, reason=exc.code)
+            return BmcEndpointHint()
+        return hw.endpoint
+
     async def endpoint(self, cmd: StartProvision, *, probe: bool = False) -> BmcEndpoint:
         """The BMC's endpoint; ``probe``: a short timeout and at most one retry (fail in seconds)."""
         ip = cmd.spec.bmc_ip
@@ -58,7 +78,8 @@ class BmcAccessor:
         timeout, retries = self.cfg.bmc_timeout, self.cfg.bmc_retries
         if probe:
             timeout, retries = min(timeout, self.cfg.bmc_probe_timeout), min(retries, 1)
-        base_url = over.get("url") or f"{self.cfg.bmc_scheme}://{ip}"
+        hint = BmcEndpointHint() if over.get("url") else await self.inventory_hint(ip)
+        base_url = over.get("url") or hint.url(ip, self.cfg.bmc_scheme)
         return BmcEndpoint(
             bmc_ip=ip,
             base_url=base_url,
@@ -67,7 +88,7 @@ class BmcAccessor:
             tls=tls_mode(base_url, over, self.cfg.bmc_ca_bundle),
             ca_bundle=self.cfg.bmc_ca_bundle,
             pins=self.pins,
-            system_id=over.get("system_id", ""),
+            system_id=over.get("system_id") or hint.system_id,
             timeout=timeout,
             retries=retries,
             backoff=self.cfg.bmc_backoff,

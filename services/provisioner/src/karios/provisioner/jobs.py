@@ -326,7 +326,8 @@ class JobService:
         return job_span(TRACER, name, tp, link=True, bind=job_binding(job_id, job))
 
     async def _job_or_none(self, job_id: str) -> Job | None:
-        with contextlib.suppress(NotFound):
+        """The row for a span's context only: a miss or a database error never stops the work."""
+        with contextlib.suppress(Exception):
             return await self.repo.load(job_id)
         return None
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 from karios.common.contracts.base import Command, Event, Query
@@ -168,6 +171,35 @@ class Nic(BaseModel):
     ipv4: list[str] = Field(default_factory=list)
 
 
+class BmcEndpointHint(BaseModel):
+    """How to reach a device's BMC beyond its address, from the inventory record's custom fields
+    ``bmc_scheme`` (http | https), ``bmc_port`` and ``redfish_system_id`` (NetBox custom fields on
+    the device, or ``custom_fields`` in the YAML inventory). Empty = the provisioner's defaults."""
+
+    scheme: str = ""
+    port: int | None = None
+    system_id: str = ""
+
+    @classmethod
+    def from_custom_fields(cls, cf: Mapping[str, Any] | None) -> BmcEndpointHint:
+        cf = cf or {}
+        scheme = str(cf.get("bmc_scheme") or "").strip().lower()
+        port = cf.get("bmc_port")
+        try:
+            port_n = int(port) if port not in (None, "") else None  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            port_n = None
+        return cls(
+            scheme=scheme if scheme in ("http", "https") else "",
+            port=port_n if port_n is not None and 0 < port_n < 65536 else None,
+            system_id=str(cf.get("redfish_system_id") or "").strip(),
+        )
+
+    def url(self, bmc_ip: str, default_scheme: str) -> str:
+        host = f"[{bmc_ip}]" if ":" in bmc_ip else bmc_ip
+        return f"{self.scheme or default_scheme}://{host}{f':{self.port}' if self.port else ''}"
+
+
 class BmcHardware(BaseModel):
     device_id: int | None = None
     device_name: str
@@ -175,6 +207,7 @@ class BmcHardware(BaseModel):
     disks: list[Disk] = Field(default_factory=list)
     gpus: list[Gpu] = Field(default_factory=list)
     nics: list[Nic] = Field(default_factory=list)
+    endpoint: BmcEndpointHint = Field(default_factory=BmcEndpointHint)
 
 
 # -- Node registry: what the fabric worker and the provisioner need ------------------------------

@@ -36,7 +36,7 @@ HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
     "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # "no-referrer" makes a form POST send Origin: null
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
 }
