@@ -51,7 +51,11 @@ FABRIC_CONFIG = {
 
 def _chromium_missing() -> str | None:
     missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not shutil.which(p)]
-    return f"{' and '.join(missing)} not installed (apt-get install chromium chromium-driver)" if missing else None
+    return (
+        f"{' and '.join(missing)} not installed (apt-get install chromium chromium-driver)"
+        if missing
+        else None
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +115,14 @@ def browser():
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="karios-chromium-")
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,1000", f"--user-data-dir={profile}"):  # fmt: skip
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,1000",
+        f"--user-data-dir={profile}",
+    ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
     driver.set_page_load_timeout(60)
@@ -135,6 +145,22 @@ def css(driver, selector: str):
     from selenium.webdriver.common.by import By
 
     return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def attrs(driver, selector: str, attr: str) -> list[str]:
+    """``attr`` of every match, read in one script (live regions are swapped under the test)."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.getAttribute(arguments[1]))",
+        selector,
+        attr,
+    )
+
+
+def texts(driver, selector: str) -> list[str]:
+    """The text of every match, read in one script."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.textContent.trim())", selector
+    )
 
 
 def login(driver, up: KariosUp, token: str) -> None:
@@ -163,8 +189,7 @@ def provision_from_console(driver, bmc: str, hostname: str) -> str:
 
 
 def job_state(driver) -> str:
-    el = css(driver, "#job-state")
-    return el[0].get_attribute("data-state") if el else ""
+    return (attrs(driver, "#job-state", "data-state") or [""])[0]
 
 
 def test_login_provision_to_booting_and_cancel(system: KariosUp, browser) -> None:
@@ -182,9 +207,13 @@ def test_login_provision_to_booting_and_cancel(system: KariosUp, browser) -> Non
     assert d.execute_script("return document.cookie") == ""
 
     job_id = provision_from_console(d, BMCS[0], "console-a")
-    wait_until_sync(lambda: job_state(d) in ("booting", "installing"), timeout=150, interval=0.5,
-                    what="the job page to show booting")  # fmt: skip
-    stages = [li.get_attribute("data-stage") for li in css(d, "#timeline li[data-stage]")]
+    wait_until_sync(
+        lambda: job_state(d) in ("booting", "installing"),
+        timeout=150,
+        interval=0.5,
+        what="the job page to show booting",
+    )
+    stages = attrs(d, "#timeline li[data-stage]", "data-stage")
     assert "Booting" in stages and "Building ISO" in stages, stages
     assert d.execute_script("return document.body.dataset.sse") == "open"
     shot(d, "02-job-booting")
@@ -193,18 +222,19 @@ def test_login_provision_to_booting_and_cancel(system: KariosUp, browser) -> Non
     assert other != job_id
     wait_until_sync(lambda: css(d, "#cancel-job"), timeout=30, what="the cancel button")
     css(d, "#cancel-job")[0].click()
-    wait_until_sync(lambda: job_state(d) == "cancelled", timeout=90, interval=0.5, what="the job to be cancelled")
-    assert "cancel requested" in css(d, "#flash")[0].text
+    wait_until_sync(
+        lambda: job_state(d) == "cancelled", timeout=90, interval=0.5, what="the job to be cancelled"
+    )
+    assert "cancel requested" in texts(d, "#flash")[0]
     assert not css(d, "#cancel-job")  # an ended job has nothing to cancel
     shot(d, "03-job-cancelled")
 
     d.get(system.url() + "/console/jobs")
-    rows = {r.get_attribute("data-job-id"): r for r in css(d, "#jobs-table tr[data-job-id]")}
-    assert {job_id, other} <= set(rows)
-    assert rows[other].find_element("css selector", "td.state").get_attribute("data-state") == "cancelled"
+    assert {job_id, other} <= set(attrs(d, "#jobs-table tr[data-job-id]", "data-job-id"))
+    assert attrs(d, f'tr[data-job-id="{other}"] td.state', "data-state") == ["cancelled"]
     shot(d, "04-jobs")
     d.get(system.url() + "/console/nodes")
-    assert {BMCS[0], BMCS[1]} <= {r.get_attribute("data-bmc") for r in css(d, "#bmcs-table tr[data-bmc]")}
+    assert {BMCS[0], BMCS[1]} <= set(attrs(d, "#bmcs-table tr[data-bmc]", "data-bmc"))
     shot(d, "05-nodes")
 
 
@@ -222,17 +252,17 @@ def test_viewer_sees_no_write_controls(system: KariosUp, browser) -> None:
         logout(d)
     login(d, system, r.json()["token"])
     assert "viewer" in css(d, "#who")[0].text
-    running = next(
-        row.get_attribute("data-job-id")
-        for row in css(d, "#jobs-table tr[data-job-id]")
-        if row.get_attribute("data-bmc") == BMCS[0]
-    )
-    for name, path in [("06-viewer-jobs", "/console/jobs"), ("07-viewer-job", f"/console/jobs/{running}"),
-                       ("08-viewer-fabric", "/console/fabric"), ("09-viewer-nodes", "/console/nodes")]:  # fmt: skip
+    running = attrs(d, f'#jobs-table tr[data-bmc="{BMCS[0]}"]', "data-job-id")[0]
+    for name, path in [
+        ("06-viewer-jobs", "/console/jobs"),
+        ("07-viewer-job", f"/console/jobs/{running}"),
+        ("08-viewer-fabric", "/console/fabric"),
+        ("09-viewer-nodes", "/console/nodes"),
+    ]:
         d.get(system.url() + path)
         assert css(d, "main h1"), path
         assert not css(d, "[data-write]"), path
-        buttons = [b.get_attribute("id") for b in css(d, "button")]
+        buttons = attrs(d, "button", "id")
         assert buttons == ["logout"], (path, buttons)
         shot(d, name)
     # Hiding is not the protection: the API refuses the viewer's write (cookie + console header).
@@ -263,29 +293,92 @@ def test_fabric_page_nodes_turn_established_after_apply(system: KariosUp, browse
     login(d, system, system.token)
     d.get(system.url() + "/console/fabric")
     ips = [n.underlay_ip for n in lab.nodes]
-    wait_until_sync(lambda: len(css(d, "g.node[data-node-ip]")) == 3, timeout=30, what="three nodes drawn")
-    assert "established" not in {g.get_attribute("data-state") for g in css(d, "g.node")}
-    assert "route reflector" in css(d, "#topology")[0].text
+    wait_until_sync(
+        lambda: len(attrs(d, "g.node", "data-node-ip")) == 3, timeout=30, what="three nodes drawn"
+    )
+    assert "established" not in attrs(d, "g.node", "data-state")
+    assert "route reflector" in texts(d, "#topology")[0]
     shot(d, "10-fabric-before")
 
     css(d, "#preflight")[0].click()
-    wait_until_sync(lambda: css(d, "#preflight-verdict"), timeout=120, interval=0.5, what="the preflight result")
-    node3 = css(d, f'g.node[data-node-ip="{ips[2]}"] text.mtu-drift')
-    assert node3 and "1500" in node3[0].text, "node3's MTU drift is shown on the node"
-    assert not css(d, f'g.node[data-node-ip="{ips[0]}"] text.mtu-drift')
+    wait_until_sync(
+        lambda: css(d, "#preflight-verdict"), timeout=120, interval=0.5, what="the preflight result"
+    )
+    node3 = texts(d, f'g.node[data-node-ip="{ips[2]}"] text.mtu-drift')
+    assert node3 and "1500" in node3[0], "node3's MTU drift is shown on the node"
+    assert not texts(d, f'g.node[data-node-ip="{ips[0]}"] text.mtu-drift')
     shot(d, "11-fabric-preflight")
 
+    css(d, "#load-diff")[0].click()  # what an apply would change, per node (nothing changes yet)
+    wait_until_sync(lambda: len(attrs(d, "#diff-out section.node-diff", "data-node-ip")) == 3, timeout=120,
+                    interval=0.5, what="the per-node diff")  # fmt: skip
+    assert attrs(d, "#diff-out section.node-diff", "data-changed") == ["true"] * 3
+    assert len(attrs(d, '#diff-out pre.diff[data-file="frr.conf"]', "data-file")) == 3
+    assert any(t.startswith("+router bgp 65000") for t in texts(d, "#diff-out pre.diff .d-add"))
+    d.execute_script("document.getElementById('diff').scrollIntoView()")
+    shot(d, "12-fabric-diff")
+    d.execute_script("window.scrollTo(0, 0)")
+
     css(d, "#apply")[0].click()
-    wait_until_sync(lambda: "apply" in css(d, "#flash")[0].text, timeout=30, what="the apply to start")
-    assert "started" in css(d, "#flash")[0].text, css(d, "#flash")[0].text
+    wait_until_sync(lambda: "apply" in texts(d, "#flash")[0], timeout=30, what="the apply to start")
+    assert "started" in texts(d, "#flash")[0], texts(d, "#flash")
 
     def established() -> bool:
-        return [g.get_attribute("data-state") for g in css(d, "g.node")] == ["established"] * 3
+        return attrs(d, "g.node", "data-state") == ["established"] * 3
 
     wait_until_sync(established, timeout=240, interval=0.5, what="three nodes Established")
-    labels = [t.text for t in css(d, "g.node text.state-label")]
-    assert labels == ["Established"] * 3, labels
+    assert texts(d, "g.node text.state-label") == ["Established"] * 3
     for ip in ips:
-        assert "VTEP 198.19.1." in css(d, f'g.node[data-node-ip="{ip}"]')[0].text
-    assert css(d, "#fabric-job")[0].get_attribute("data-job-status") == "completed"
-    shot(d, "12-fabric-established")
+        assert "VTEP 198.19.1." in texts(d, f'g.node[data-node-ip="{ip}"]')[0]
+    assert attrs(d, "#fabric-job", "data-job-status") == ["completed"]
+    shot(d, "13-fabric-established")
+
+
+def test_switch_reconfig_ack_flow(system: KariosUp, browser) -> None:
+    """Moving the switch's BGP listen range from the console: the 409's snippet is shown with its
+    hash, a confirmation without a name is refused (422 naming acked_by), then saved."""
+    admin = {"Authorization": f"Bearer {system.token}"}
+    # The route reflector on the switch with a BGP underlay: the switch listens on the management
+    # subnet (from no listen range before: not gated). After the fabric test this changes one field.
+    r = httpx.post(
+        system.url() + "/controlnode/fabric-config",
+        json={**FABRIC_CONFIG, "external_route_reflector": True, "fabric_switch_nos": "sonic"},
+        headers=admin,
+        timeout=60,
+    )
+    assert r.status_code in (200, 201), r.text
+    d = browser
+    d.get(system.url() + "/console/jobs")
+    if d.current_url.endswith("/console/login"):
+        login(d, system, system.token)
+    d.get(system.url() + "/console/fabric")
+    field = css(d, "#cfg-management")[0]
+    field.clear()
+    field.send_keys("198.18.0.0/23")
+    css(d, "#save-config")[0].click()
+    wait_until_sync(lambda: css(d, "#ack")[0].is_displayed(), timeout=30, what="the ack box")
+    assert (
+        "198.18.0.0/24" in css(d, "#ack-ranges")[0].text and "198.18.0.0/23" in css(d, "#ack-ranges")[0].text
+    )
+    assert "bgp listen range 198.18.0.0/23" in css(d, "#ack-snippet")[0].text
+    digest = css(d, "#ack-hash")[0].text
+    assert len(digest) == 64 and css(d, "#ack-nos")[0].get_attribute("value") == "sonic"
+    css(d, "#ack-confirm")[0].click()  # no name yet
+    wait_until_sync(
+        lambda: "acked_by" in css(d, "#flash")[0].text, timeout=30, what="the 422 naming acked_by"
+    )
+    assert "422" in css(d, "#flash")[0].text
+    css(d, "#ack-by")[0].send_keys("console-e2e")
+    shot(d, "14-fabric-switch-ack")
+
+    css(d, "#ack-confirm")[0].click()
+    wait_until_sync(
+        lambda: "acknowledged" in css(d, "#flash")[0].text, timeout=30, what="the ack to be accepted"
+    )
+    wait_until_sync(
+        lambda: texts(d, "#cfg-mgmt") == ["198.18.0.0/23"],
+        timeout=30,
+        what="the page to show the new management subnet",
+    )
+    stored = httpx.get(system.url() + "/controlnode/fabric-config", headers=admin, timeout=30).json()
+    assert stored["management_cidr"] == "198.18.0.0/23"

@@ -123,6 +123,13 @@ class Prometheus:
 
         await wait_until(up, timeout=60, what="prometheus ready")
 
+        async def scraped_all() -> bool:  # the workload's first changes must find a baseline sample
+            r = await c.get(f"{self.url}/api/v1/query", params={"query": 'count(up{job=~"karios-.*"} == 1)'})
+            result = r.json()["data"]["result"]
+            return bool(result) and result[0]["value"][1] == "5"
+
+        await wait_until(scraped_all, timeout=60, what="a first scrape of the 5 services")
+
     async def query_range(self, c: httpx.AsyncClient, expr: str, start: float, end: float) -> list[dict]:
         r = await c.get(
             f"{self.url}/api/v1/query_range", params={"query": expr, "start": start, "end": end, "step": "2s"}

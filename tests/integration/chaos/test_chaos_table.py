@@ -31,7 +31,8 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.chaos import KariosUp, PrivateNats, PrivatePostgres, http_get, state_dir
-from tests.fixtures.chaos_work import Api, Bmc, Db, FabricApply, Provisions, Registrations, Row, render_table
+from tests.fixtures.chaos_jobs import Bmc, FabricApply, Provisions
+from tests.fixtures.chaos_work import Api, Db, Registrations, Row, render_table
 from tests.fixtures.provision import write_inventory
 from tests.fixtures.wait import wait_until_sync
 from tests.lab.redfish_lab import RedfishEmulator, fake_system

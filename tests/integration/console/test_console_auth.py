@@ -16,7 +16,9 @@ WRITE = {"X-Karios-Console": "1"}
 
 
 async def login(c: httpx.AsyncClient, token: str) -> httpx.Response:
-    return await c.post("/console/login", data={"token": token}, headers={"Origin": str(c.base_url).rstrip("/")})
+    return await c.post(
+        "/console/login", data={"token": token}, headers={"Origin": str(c.base_url).rstrip("/")}
+    )
 
 
 async def test_cookie_login_same_origin_rules_and_roles(settings, serve):
@@ -33,7 +35,9 @@ async def test_cookie_login_same_origin_rules_and_roles(settings, serve):
         assert "karios_console" not in c.cookies
         empty = await login(c, "")
         assert empty.status_code == 422 and "token:" in empty.text
-        cross = await c.post("/console/login", data={"token": ADMIN_TOKEN}, headers={"Origin": "https://evil.example"})
+        cross = await c.post(
+            "/console/login", data={"token": ADMIN_TOKEN}, headers={"Origin": "https://evil.example"}
+        )
         assert cross.status_code == 403 and "karios_console" not in c.cookies
 
         r = await login(c, ADMIN_TOKEN)
@@ -51,11 +55,15 @@ async def test_cookie_login_same_origin_rules_and_roles(settings, serve):
 
         # The cookie on the REST API: reads yes, same-origin; writes only with the console header.
         assert (await c.get("/controlnode/tokens/self")).json()["name"] == "bootstrap-admin"
-        assert (await c.get("/controlnode/tokens/self", headers={"Sec-Fetch-Site": "cross-site"})).status_code == 401
+        assert (
+            await c.get("/controlnode/tokens/self", headers={"Sec-Fetch-Site": "cross-site"})
+        ).status_code == 401
         body = {"bmc_IP": "10.9.9.9", "vendor": "generic"}
         no_header = await c.post("/controlnode/provision", json=body)
         assert no_header.status_code == 401 and "X-Karios-Console" in no_header.json()["message"]
-        other_origin = await c.post("/controlnode/provision", json=body, headers={**WRITE, "Origin": "http://evil.example"})
+        other_origin = await c.post(
+            "/controlnode/provision", json=body, headers={**WRITE, "Origin": "http://evil.example"}
+        )
         assert other_origin.status_code == 401
         same = await c.post("/controlnode/provision", json=body, headers={**WRITE, "Origin": gw.url})
         assert same.status_code not in (401, 403), same.text  # authenticated (404: BMC not in inventory)

@@ -54,8 +54,8 @@ def edit(path: Path, old: str, new: str) -> None:
     [
         (
             "templates/kickstart/almalinux-9.ks.j2",
-            "rootpw --lock",
-            "rootpw --lock\nfrobnicate --now",
+            "firewall --enabled --service=ssh",
+            "firewall --enabled --service=ssh\nfrobnicate --now",
             "ksvalidator",
         ),
         ("templates/kickstart/almalinux-9.ks.j2", "%packages", "%packages --bogus-option", "ksvalidator"),
@@ -85,8 +85,8 @@ def edit(path: Path, old: str, new: str) -> None:
         ),
         (
             "templates/kickstart/fedora.ks.j2",
-            "{{ host.name }} --activate",
-            "{{ host.nmae }} --activate",
+            "echo \"karios: installing {{ entry.name }} on {{ host.name }}\"",
+            "echo \"karios: installing {{ entry.name }} on {{ host.nmae }}\"",
             "render",
         ),
         ("templates/ipxe/boot.ipxe.j2", "#!ipxe\n", "", "#!ipxe"),

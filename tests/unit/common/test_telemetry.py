@@ -40,6 +40,9 @@ def test_traces_are_exported_only_when_configured(env, wanted):
 
 @pytest.fixture
 def lines():
+    # pytest records warnings per test (its own showwarning); an earlier setup_logging already
+    # captured them, so capturing again would be a no-op: re-capture inside this test.
+    logging.captureWarnings(False)
     setup_logging("unit-svc", "INFO", json=True)
     handler = next(h for h in logging.getLogger().handlers if isinstance(h, _KariosHandler))
     buf = io.StringIO()

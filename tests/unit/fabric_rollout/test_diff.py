@@ -6,7 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from faststream.nats import TestNatsBroker
 
+from karios.common.bus.envelope import wrap
+from karios.common.contracts.base import Reply
+from karios.common.contracts.fabric_diff import FabricDiffQuery
+from karios.common.settings import KariosSettings
+from karios.fabric_worker.app import create_app
 from karios.fabric_worker.config.pool import VtepPool
 from karios.fabric_worker.rollout.diff import (
     SECRET_ONLY,
@@ -166,3 +172,19 @@ def test_planned_vteps_follow_the_allocation_rule_without_writing() -> None:
     assert got == {"a": "198.19.1.3", "b": "198.19.1.1", "c": "198.19.1.4"}
     full = VtepPool.of("198.19.1.254", 24)
     assert planned_vteps(full, {}, ["a", "b"]) == {"a": "198.19.1.254", "b": ""}
+
+
+async def test_the_diff_query_is_wired_and_a_bad_node_ip_is_422_before_any_lookup() -> None:
+    settings = KariosSettings(
+        _env_file=None,  # type: ignore[call-arg]
+        dev_mode=True,
+        nats_url="nats://127.0.0.1:1",
+        bus_prefix="unit",
+        log_json=False,
+    )
+    bus = create_app(settings).state.runtime.bus
+    body = wrap(FabricDiffQuery(node_ip="not-an-ip"), source="test").model_dump_json()
+    async with TestNatsBroker(bus.broker) as br:
+        reply = Reply.model_validate_json((await br.request(body, bus.subjects.query("fabric", "diff"))).body)
+    assert not reply.ok and reply.error is not None
+    assert (reply.error.code, reply.error.field) == ("VALIDATION_FAILED", "node_ip")

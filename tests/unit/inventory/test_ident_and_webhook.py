@@ -114,9 +114,17 @@ def test_mac_object_and_inventory_item_changes_reach_their_device():
 
 
 def test_objects_no_lookup_depends_on_are_ignored():
-    assert device_changed_from_webhook({"object_type": "dcim.site", "data": {"id": 1, "name": "lab"}}) is None
+    assert (
+        device_changed_from_webhook({"object_type": "tenancy.tenant", "data": {"id": 1, "name": "t"}}) is None
+    )
     assert (
         device_changed_from_webhook({"object_type": "ipam.ipaddress", "data": {"address": "10.0.0.1/24"}})
         is None
     )
     assert device_changed_from_webhook({}) is None
+
+
+def test_module_types_and_config_contexts_drop_every_cache_entry():
+    for kind in ("dcim.moduletype", "extras.configcontext", "dcim.platform", "dcim.site"):
+        evt = device_changed_from_webhook({"object_type": kind, "data": {"id": 1}})
+        assert evt is not None and (evt.device_id, evt.name, evt.macs) == (None, "", [])

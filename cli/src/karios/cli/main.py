@@ -17,6 +17,7 @@ from typing import Annotated
 
 import typer
 
+from karios.cli import demo as demo_verb
 from karios.cli.client import commands
 from karios.cli.client.api import CliError
 from karios.cli.services import SERVICES
@@ -146,6 +147,7 @@ def config_doc() -> None:
 
 
 commands.register(app)
+app.command("demo")(demo_verb.demo)
 
 
 def main(argv: list[str] | None = None) -> int:

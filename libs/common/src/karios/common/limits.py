@@ -26,6 +26,10 @@ VENDOR_MAX = 32
 SECRET_MAX = 1024
 #: Any other free text field without a stricter rule.
 TEXT_MAX = 4096
+#: SecretBox ciphertext of a ``TEXT_MAX``-character value ("v1:<kid>:<nonce>:<base64>": up to
+#: 4 UTF-8 bytes a character, the GCM tag, base64's 4/3 and the header) — encrypting any bounded
+#: secret yields a valid contract field.
+CIPHERTEXT_MAX = 4 * -(-(4 * TEXT_MAX + 16) // 3) + 256
 #: PostgreSQL ``integer`` (int4).
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
@@ -61,6 +65,8 @@ Label = Annotated[str, StringConstraints(max_length=LABEL_MAX), AfterValidator(c
 Ident = Annotated[str, StringConstraints(max_length=ID_MAX), AfterValidator(check_text)]
 #: A secret before encryption.
 Secret = Annotated[str, StringConstraints(max_length=SECRET_MAX), AfterValidator(check_text)]
+#: A secret after encryption (SecretBox text; the columns are unbounded ``varchar``).
+Ciphertext = Annotated[str, StringConstraints(max_length=CIPHERTEXT_MAX), AfterValidator(check_text)]
 #: What the published schema says of an address, so generated data (and a UI) gets the form.
 IP_SCHEMA: dict[str, Any] = {
     "anyOf": [{"type": "string", "format": "ipv4"}, {"type": "string", "format": "ipv6"}]

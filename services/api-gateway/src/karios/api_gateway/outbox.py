@@ -1,123 +1,45 @@
-"""Transactional outbox of the gateway's commands (issue 12 item 4, ADR 0002).
+"""The gateway's transactional outbox (issue 12 item 4, ADR 0002): the generic outbox of
+:mod:`karios.common.outbox` on the tables of schema ``gateway``, relaying ``cmd.provision.start``.
 
 A route that changes state and implies a command (``POST /controlnode/provision``: job row +
 ``cmd.provision.start``) writes the command as a row of ``gateway.command_outbox`` in the SAME
-transaction (:meth:`CommandOutbox.add`); 202 means "committed". A relay (a ``faststream-outbox``
-subscriber on that table, one per gateway replica) publishes each row through our own
-:meth:`Bus.send_command` (envelope headers, ``Nats-Msg-Id`` = the command's dedupe id) and the
-row is deleted only after JetStream acked the publish.
-
-- Relay right after commit: the insert NOTIFYs ``outbox_command_outbox`` and every replica's
-  relay LISTENs, so the row is claimed within milliseconds; polling (0.5 s … 5 s) is the backstop.
-- Several replicas: a row is claimed with ``FOR UPDATE SKIP LOCKED`` + a lease token, so one
-  replica relays it; ``Nats-Msg-Id`` dedupe (120 s window) is the safety net for a relay that
-  died between the publish and the delete.
-- Bus down: the publish fails fast (503) and the row is retried with backoff (at most every
-  :data:`RETRY_MAX_S`) for as long as it takes; nothing is dropped. A row that can never be
-  published (a payload this gateway cannot read) is moved to ``gateway.command_outbox_dlq``.
-- Each bus prefix has its own queue, so deployments sharing a database never relay each other's rows.
+transaction (:meth:`CommandOutbox.add`); 202 means "committed". The relay, its retries, the DLQ
+and the chaos hook are described in :mod:`karios.common.outbox`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import signal
-from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from faststream_outbox import OutboxBroker, make_dlq_table, make_outbox_table
-from opentelemetry import trace
-from prometheus_client import CollectorRegistry, Counter
-from pydantic import BaseModel, Field
-from sqlmodel import SQLModel
-from sqlmodel.ext.asyncio.session import AsyncSession
+from prometheus_client import CollectorRegistry
 
 from karios.api_gateway.models import SCHEMA
+from karios.common import outbox as common
 from karios.common.bus.runtime import Bus
 from karios.common.contracts.base import Command
 from karios.common.contracts.provision import StartProvision
-from karios.common.errors import KariosError
-from karios.common.telemetry import context_from_headers, current_traceparent, get_logger
+from karios.common.outbox import (  # noqa: F401 (re-exported: the gateway's tests and app use them)
+    KILL_AFTER_COMMIT_ENV,
+    MSG_ID_HEADER,
+    RETRY_MAX_S,
+    RelayRetry,
+    kill_after_commit_hook,
+)
 
-log = get_logger(__name__)
-
-TABLE, DLQ_TABLE = "command_outbox", "command_outbox_dlq"
-outbox_table = make_outbox_table(sa.MetaData(), TABLE).to_metadata(SQLModel.metadata, schema=SCHEMA)
-dlq_table = make_dlq_table(sa.MetaData(), DLQ_TABLE).to_metadata(SQLModel.metadata, schema=SCHEMA)
-#: Row header holding the command's dedupe id (the reconcile asks "still waiting here?").
-MSG_ID_HEADER = "karios-msg-id"
+outbox_table, dlq_table = common.outbox_tables(SCHEMA)
 #: The commands the gateway sends through the outbox, by their contract TYPE.
 RELAYED: dict[str, type[Command]] = {StartProvision.TYPE: StartProvision}
 
-RETRY_FIRST_S, RETRY_MAX_S = 0.5, 5.0  # backoff of a row whose publish failed (bus down)
-POLL_MIN_S, POLL_MAX_S = 0.5, 5.0  # the poller: the backstop of LISTEN/NOTIFY
-LEASE_S = 30.0  # a claimed row whose relay died is claimed again after this (publish timeout: 5 s)
-#: Chaos-test hook (tests/integration/chaos/test_outbox_faults.py): SIGKILL the gateway right after the
-#: commit, before any relay ran. Unset in production; read once by :func:`kill_after_commit_hook`.
-KILL_AFTER_COMMIT_ENV = "KARIOS_CHAOS_KILL_AFTER_OUTBOX_COMMIT"
+
+class OutboxRow(common.OutboxRow):
+    """A gateway outbox row: gives back one of :data:`RELAYED`."""
+
+    def command(self, relayed: dict[str, type[Command]] | None = None) -> Command:
+        return super().command(relayed or RELAYED)
 
 
-class OutboxRow(BaseModel):
-    """What one outbox row carries: everything :meth:`Bus.send_command` needs."""
-
-    type: str = Field(description="The command's contract TYPE (a key of RELAYED)")
-    subject: str
-    entity: str = ""
-    msg_id: str = Field(description="Nats-Msg-Id: the command's dedupe id (a job id)")
-    traceparent: str | None = None
-    data: dict[str, Any]
-
-    def command(self) -> Command:
-        model = RELAYED.get(self.type)
-        if model is None:
-            raise ValueError(f"the gateway relays no command of type {self.type}")
-        return model.model_validate(self.data)
-
-
-class RelayRetry:
-    """Bus unavailable (or any retryable error): try again with backoff, forever. Anything else
-    (a row this gateway cannot read) is terminal: the row goes to the DLQ table."""
-
-    def get_next_attempt_delay(
-        self,
-        *,
-        first_attempt_at: datetime,
-        last_attempt_at: datetime,
-        attempts_count: int,
-        exception: BaseException | None = None,
-    ) -> float | None:
-        retryable = exception is None or isinstance(exception, TimeoutError | OSError)
-        retryable = retryable or (isinstance(exception, KariosError) and exception.retryable)
-        if not retryable:
-            return None
-        return min(RETRY_FIRST_S * 2 ** min(max(attempts_count - 1, 0), 8), RETRY_MAX_S)
-
-
-class RelayLog:
-    """faststream-outbox's log lines into the service log. A publish refused because the bus is
-    down (the row waits; that is the design) is one short warning per attempt, no traceback."""
-
-    logger = logging.getLogger("karios.api_gateway.outbox")
-
-    def __init__(self, waits: Counter | None = None) -> None:
-        self.waits = waits
-
-    def log(self, level: int, msg: Any, /, *, exc_info: Any = None, extra: Any = None) -> None:
-        if isinstance(exc_info, KariosError) and exc_info.retryable:
-            self.logger.warning("command waits in the outbox: %s", exc_info.message, extra=extra)
-            if self.waits is not None:
-                self.waits.inc()
-            return
-        self.logger.log(level, msg, exc_info=exc_info, extra=extra)
-
-
-Relayed = Callable[[Command], Awaitable[None]]
-
-
-class CommandOutbox:
+class CommandOutbox(common.CommandOutbox):
     """The gateway's outbox: :meth:`add` in a route's transaction, the relay started with the app."""
 
     def __init__(
@@ -125,89 +47,20 @@ class CommandOutbox:
         bus: Bus,
         engine: Any,
         *,
-        on_relayed: Relayed | None = None,
+        on_relayed: common.Relayed | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        self.bus = bus
-        self.m_relayed = Counter(
-            "karios_outbox_relayed_total",
-            "Commands published from the outbox (after JetStream's ack)",
-            ["command"],
-            registry=registry,
-        )
-        self.m_waits = Counter(
-            "karios_outbox_publish_retries_total",
-            "Relay attempts that found the bus unavailable (the command waits and is retried)",
-            registry=registry,
-        )
-        self.queue = f"{bus.subjects.prefix}.cmd"
-        self.on_relayed = on_relayed
-        self.tracer = trace.get_tracer("karios.api-gateway.outbox")
-        self.broker = OutboxBroker(
+        super().__init__(
+            bus,
             engine,
-            outbox_table=outbox_table,
-            dlq_table=dlq_table,
-            graceful_timeout=5.0,
-            logger=RelayLog(self.m_waits),
-            log_level=logging.DEBUG,  # "Received"/"Processed" per row; errors stay at ERROR
-            last_exception_renderer=lambda exc: type(exc).__name__,  # never a payload in the DLQ text
+            tables=(outbox_table, dlq_table),
+            relayed=RELAYED,
+            name="api-gateway",
+            on_relayed=on_relayed,
+            registry=registry,
         )
-        self.broker.subscriber(
-            self.queue,
-            retry_strategy=RelayRetry(),
-            fetch_batch_size=20,
-            min_fetch_interval=POLL_MIN_S,
-            max_fetch_interval=POLL_MAX_S,
-            lease_ttl_seconds=LEASE_S,
-        )(self._relay)
-
-    async def add(
-        self, session: AsyncSession, command: Command, subject: str, *, entity: str, msg_id: str
-    ) -> None:
-        """Queue ``command`` in the caller's open transaction (it commits or rolls back with it)."""
-        row = OutboxRow(
-            type=type(command).TYPE,
-            subject=subject,
-            entity=entity,
-            msg_id=msg_id,
-            traceparent=current_traceparent(),
-            data=command.model_dump(mode="json"),
-        )
-        await self.broker.publish(
-            row.model_dump(mode="json"), queue=self.queue, session=session, headers={MSG_ID_HEADER: msg_id}
-        )
-
-    async def _relay(self, row: OutboxRow) -> None:
-        command = row.command()
-        ctx = context_from_headers({"traceparent": row.traceparent} if row.traceparent else {})
-        with self.tracer.start_as_current_span(f"relay {row.type}", context=ctx):
-            # Returns once JetStream acked; raising keeps the row (retried per RelayRetry).
-            await self.bus.send_command(command, row.subject, entity=row.entity, msg_id=row.msg_id)
-        self.m_relayed.labels(row.type).inc()
-        if self.on_relayed is not None:
-            try:
-                await self.on_relayed(command)
-            except Exception as exc:  # the publish is done: never relay again for a bookkeeping error
-                log.warning("after-relay bookkeeping failed", msg_id=row.msg_id, error=type(exc).__name__)
-
-    async def healthy(self) -> bool:
-        """Readiness: the relay's loops are alive and the database answers (within 1 s)."""
-        return bool(await self.broker.ping(timeout=1.0))
-
-    async def start(self) -> None:
-        await self.broker.start()
-
-    async def stop(self) -> None:
-        await self.broker.stop()
 
 
 def waiting_msg_ids() -> sa.Select[Any]:
     """Dedupe ids of commands still waiting in the outbox (a subquery for the reconcile)."""
-    return sa.select(outbox_table.c.headers[MSG_ID_HEADER].astext)
-
-
-def kill_after_commit_hook() -> Callable[[], None] | None:
-    """The chaos hook (see :data:`KILL_AFTER_COMMIT_ENV`), or None (always, outside chaos tests)."""
-    if os.environ.get(KILL_AFTER_COMMIT_ENV) != "1":
-        return None
-    return lambda: os.kill(os.getpid(), signal.SIGKILL)
+    return common.waiting_msg_ids(outbox_table)

@@ -10,7 +10,7 @@ import enum
 import hmac
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -163,17 +163,30 @@ def render_fallback_script(templates: TemplateSet, fallback: str, mac: str | Non
     return templates.render(f"ipxe/fallback-{fallback}.ipxe.j2", mac=mac or "", base_url="")
 
 
-def _ip_parts(cidr: str) -> dict[str, str]:
+def default_gateway(iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> str:
+    """The first usable address of the network (the usual router address); '' for a /31, a /32,
+    IPv6, or when that address is the host's own."""
+    net = iface.network
+    if net.version != 4 or net.prefixlen >= 31:
+        return ""
+    first = net.network_address + 1
+    return "" if first == iface.ip else str(first)
+
+
+def _ip_parts(cidr: str, gateway: str = "") -> dict[str, str]:
+    """Template variables of the primary IPv4; ``gateway`` is the inventory's, else the default."""
+    empty = {"ip_address": "", "prefix_length": "", "netmask": "", "gateway": ""}
     if not cidr:
-        return {"ip_address": "", "prefix_length": "", "netmask": ""}
+        return empty
     try:
         iface = ipaddress.ip_interface(cidr)
     except ValueError:
-        return {"ip_address": "", "prefix_length": "", "netmask": ""}
+        return empty
     return {
         "ip_address": str(iface.ip),
         "prefix_length": str(iface.network.prefixlen),
         "netmask": str(iface.network.netmask),
+        "gateway": gateway or default_gateway(iface),
     }
 
 
@@ -194,10 +207,24 @@ def render_install_config(
         config_url=config_url(base_url, host),
         provisioned_url=provisioned_url(base_url, host),
         provision_token=provision_token,
-        **_ip_parts(host.primary_ipv4),
+        **_ip_parts(host.primary_ipv4, host.ipv4_gateway),
     )
 
 
 def config_kind(entry: CatalogEntry) -> str:
     """Metric label of an install config."""
     return "kickstart" if entry.installer == "kickstart" else "preseed"
+
+
+def catalog_table(entries: Iterable[CatalogEntry]) -> str:
+    """The Markdown table of catalog entries and the NetBox platform slugs each accepts
+    (docs/bootapi.md embeds it; a test keeps the two equal)."""
+    rows = [
+        "| entry | installer | accepted platform slugs | roles | description |",
+        "|---|---|---|---|---|",
+    ]
+    for e in sorted(entries, key=lambda e: e.name):
+        slugs = ", ".join(f"`{p}`" for p in e.platforms)
+        roles = ", ".join(f"`{r}`" for r in e.roles) or "any"
+        rows.append(f"| `{e.name}` | {e.installer} | {slugs} | {roles} | {e.description} |")
+    return "\n".join(rows) + "\n"

@@ -30,7 +30,8 @@ _TEXT_DOC = {
 
 def wire(bus: Bus, hosts: CachedHostSource) -> None:
     async def on_device_changed(event: DeviceChanged) -> None:
-        dropped = hosts.invalidate(device_id=event.device_id, name=event.name, macs=event.macs)
+        # An event naming no device (config context, module type, …) drops every entry.
+        dropped = hosts.invalidate_event(event)
         log.debug("host cache invalidated", device=event.name, dropped=dropped)
 
     # Every replica (no queue group) drops its own cache entries.

@@ -134,8 +134,13 @@ class CachedHostSource:
                 tags |= set(_tags(host))
         return self._cache.invalidate(tags, negatives=False)
 
-    def invalidate_event(self, event: DeviceChanged) -> None:
-        self.invalidate(device_id=event.device_id, name=event.name, macs=event.macs)
+    def invalidate_event(self, event: DeviceChanged) -> int:
+        """Drop a changed device's entries; an event naming no device (no id, name or MAC)
+        drops everything (returns -1)."""
+        if event.device_id is None and not event.name and not event.macs:
+            self.clear()
+            return -1
+        return self.invalidate(device_id=event.device_id, name=event.name, macs=event.macs)
 
     def clear(self) -> None:
         self._cache.clear()

@@ -66,6 +66,8 @@ class BootapiMetrics:
         )
         for p in ("ok", "unauthorized", "notfound", "error", "disabled"):
             self.provisioned.labels(p)
+        for f in ("mac", "name"):  # a burst inside one scrape interval still shows as a rate
+            self.lookup_duration.labels(f)
         for k in ("ipxe", "kickstart", "preseed"):
             for res in ("ok", "error"):
                 self.render.labels(k, res)

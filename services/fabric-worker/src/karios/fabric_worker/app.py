@@ -33,13 +33,17 @@ def create_app(
     register_config(rt, box, rollout)
     watch = DriftWatch(rollout)
 
+    rt.extra_checks["outbox"] = rollout.outbox.healthy
+
     async def on_start(_rt: ServiceRuntime) -> None:
+        await rollout.outbox.start()  # relays commands an earlier process committed but never sent
         await rollout.start(partial(recovery.recover_stale, rollout))  # jobs a dead replica left running
         watch.start()
 
     async def on_stop(_rt: ServiceRuntime) -> None:
         await watch.stop()
         await rollout.stop()
+        await rollout.outbox.stop()
 
     app = build_app(rt, title="Karios fabric-worker", on_start=on_start, on_stop=on_stop)
     app.state.rollout = rollout

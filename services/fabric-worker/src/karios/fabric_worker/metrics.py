@@ -15,6 +15,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Metric
 from prometheus_client.registry import Collector
 
+from karios.common.contracts.fabric_rollout import JobStatus
+
 STEPS = ("apply", "verify", "rollback")
 OUTCOMES = ("ok", "failed")
 STEP_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -61,6 +63,9 @@ _ALL: tuple[Collector, ...] = (NODE_STEP_SECONDS, NODE_LAST_OK, NODE_LAST_TS, EV
 for _step in STEPS:  # every bounded series exists from the start (rates are 0, not absent)
     for _outcome in OUTCOMES:
         NODE_STEP_SECONDS.labels(_step, _outcome)
+for _status in JobStatus:
+    if _status is not JobStatus.RUNNING:
+        JOBS.labels("apply", _status.value)
 
 
 def step_done(step: str, ok: bool, seconds: float) -> None:

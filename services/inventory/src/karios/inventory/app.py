@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from karios.common.cache import SingleFlightCache
 from karios.common.service import ServiceRuntime, build_app
 from karios.common.settings import KariosSettings
+from karios.inventory.changelog import ChangeLogFollower, ChangeLogMetrics, PgLeaderLock
 from karios.inventory.file_store import FileStore, StaticPool
 from karios.inventory.handlers import webhook_router, wire
 from karios.inventory.lookups import Inventory, InventoryMetrics
@@ -65,11 +66,27 @@ def create_app(
         rt.extra_checks["netbox"] = inventory.ready
     svc = InventoryService(rt.bus, rt.db, inventory, store)
     wire(rt.bus, svc)
+    follower: ChangeLogFollower | None = None
+    if isinstance(store, NetBoxStore) and inv_settings.changelog_interval > 0:
+        follower = ChangeLogFollower(
+            store,
+            svc.device_changed,
+            interval=inv_settings.changelog_interval,
+            lock=PgLeaderLock(rt.db) if rt.db is not None else None,
+            metrics=ChangeLogMetrics(rt.registry),
+        )
+
+    async def on_start(_rt: ServiceRuntime) -> None:
+        if follower is not None:
+            follower.start()
 
     async def on_stop(_rt: ServiceRuntime) -> None:
+        if follower is not None:
+            await follower.stop()
         await store.close()
 
-    app = build_app(rt, title="Karios inventory", on_stop=on_stop)
+    app = build_app(rt, title="Karios inventory", on_start=on_start, on_stop=on_stop)
+    app.state.changelog = follower
     app.state.inventory = inventory
     app.include_router(webhook_router(svc, inv_settings.webhook_secret))
     return app

@@ -22,6 +22,7 @@ from karios.common.contracts.inventory import (
     Nic,
 )
 from karios.common.netaddr import mac_or_none
+from karios.inventory.context import network_from_context, users_from_context
 
 Json = Mapping[str, Any]
 
@@ -131,6 +132,9 @@ def host_from_netbox(
 ) -> Host:
     by_iface = addresses_by_interface(ip_addresses)
     custom_fields = dict(device.get("custom_fields") or {})
+    context = device.get("config_context") if isinstance(device.get("config_context"), Mapping) else {}
+    primary_ipv4 = _str(_get(device, "primary_ip4", "address"))
+    gateway, nameservers = network_from_context(context)
     return Host(
         id=device.get("id"),
         name=_str(device.get("name")),
@@ -138,12 +142,15 @@ def host_from_netbox(
         role=_str(_get(device, "role", "slug") or _get(device, "device_role", "slug")),
         site=_str(_get(device, "site", "slug")),
         rack=_str(_get(device, "rack", "name")),
-        primary_ipv4=_str(_get(device, "primary_ip4", "address")),
+        primary_ipv4=primary_ipv4,
         primary_ipv6=_str(_get(device, "primary_ip6", "address")),
         oob_ip=_host_ip(_str(_get(device, "oob_ip", "address"))),
         interfaces=[host_interface(i, by_iface.get(int(i.get("id") or 0), [])) for i in interfaces],
         pxe_enabled=pxe_enabled(custom_fields, pxe_field),
         custom_fields=custom_fields,
+        users=users_from_context(context),
+        ipv4_gateway=gateway,
+        nameservers=nameservers,
     )
 
 

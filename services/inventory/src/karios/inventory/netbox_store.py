@@ -9,6 +9,7 @@ translated once, in :func:`translate_error`, into ``UpstreamError`` (502), ``For
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -31,6 +32,7 @@ Json = dict[str, Any]
 # Only what the mapping reads (NetBox ≥ 4.0 ``?fields=``): serialising less makes each call cheaper.
 _IFACE_FIELDS = "id,name,type,speed,mgmt_only,enabled,mac_address,primary_mac_address,mac_addresses"
 _IP_FIELDS = "id,address,assigned_object_type,assigned_object_id"
+_CHANGE_FIELDS = "id,changed_object_type,changed_object_id,changed_object,prechange_data,postchange_data"
 
 
 class _TimeoutSession(requests.Session):
@@ -308,6 +310,43 @@ class NetBoxStore:
             write=True,
         )
         return IpAllocation(name=name, address=str(dict(created)["address"]), created=True)
+
+    # -- the change log (karios.inventory.changelog follows it) ------------------------------
+    async def latest_change_id(self) -> int:
+        """Id of the newest ``core.objectchange`` (0 when the log is empty)."""
+        ep = self._nb.core.object_changes
+        rows = await self._run(
+            "read the change log",
+            lambda: [dict(r) for r in itertools.islice(ep.filter(ordering="-id", limit=1, fields="id"), 1)],
+        )
+        return int(rows[0]["id"]) if rows else 0
+
+    async def changes_after(self, cursor: int, limit: int = 500) -> list[Json]:
+        """Change-log records with id > ``cursor``, oldest first, at most ``limit``."""
+        ep = self._nb.core.object_changes
+        page = min(limit, 200)
+        return await self._run(
+            f"read the change log after {cursor}",
+            lambda: [
+                dict(r)
+                for r in itertools.islice(
+                    ep.filter(id__gt=cursor, ordering="id", limit=page, fields=_CHANGE_FIELDS), limit
+                )
+            ],
+        )
+
+    async def devices_of_interfaces(self, ids: list[int]) -> dict[int, tuple[int, str]]:
+        """Interface id → (device id, device name), for the interfaces that still exist."""
+        if not ids:
+            return {}
+        rows = await self._list(
+            "look up interfaces of changed IP addresses", self._nb.dcim.interfaces, id=ids, fields="id,device"
+        )
+        return {
+            int(r["id"]): (int(r["device"]["id"]), str(r["device"].get("name") or ""))
+            for r in rows
+            if isinstance(r.get("device"), dict) and r["device"].get("id") is not None
+        }
 
     async def ping(self) -> bool:
         try:

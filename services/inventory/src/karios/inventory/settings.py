@@ -21,6 +21,11 @@ class InventorySettings(BaseSettings):
     webhook_secret: SecretStr | None = Field(
         None, description="Secret of the NetBox webhook; without it the receiver refuses everything."
     )
+    changelog_interval: float = Field(
+        3.0,
+        ge=0,
+        description="Seconds between polls of NetBox's change log (one replica polls; 0 = off).",
+    )
     static_pool: str = Field("", description="CIDR static IPv4s are allocated from (file inventory).")
     static_pool_start: str = Field("", description="First address to hand out (default: network + 10).")
     static_gateway: str = Field("", description="Gateway returned with each allocation.")

@@ -18,14 +18,14 @@ from karios.common.netaddr import mac_or_none
 
 SIGNATURE_HEADER = "X-Hook-Signature"
 
-# Objects whose change can change what a host lookup or the hardware list answers.
-_DEVICE_CHILDREN = {
-    "dcim.interface",
-    "dcim.inventoryitem",
-    "dcim.module",
-    "dcim.consoleport",
-    "dcim.frontport",
-}
+# Objects whose change can change what a host lookup or the hardware list answers: one device's
+# children, and objects any device's answer may depend on (a change drops every cache entry).
+DEVICE_CHILDREN = frozenset(
+    {"dcim.interface", "dcim.inventoryitem", "dcim.module", "dcim.consoleport", "dcim.frontport"}
+)
+EVERY_DEVICE = frozenset(
+    {"extras.configcontext", "dcim.moduletype", "dcim.platform", "dcim.devicerole", "dcim.site", "dcim.rack"}
+)
 
 
 def sign(body: bytes, secret: str) -> str:
@@ -76,7 +76,9 @@ def device_changed_from_webhook(payload: Mapping[str, Any]) -> DeviceChanged | N
     if object_type == "dcim.device":
         dev_id, name = _device_ref(data)
         return DeviceChanged(device_id=dev_id, name=name)
-    if object_type in _DEVICE_CHILDREN:
+    if object_type in EVERY_DEVICE:
+        return DeviceChanged()  # no device named: every cache drops everything
+    if object_type in DEVICE_CHILDREN:
         dev_id, name = _device_ref(data.get("device"))
         if dev_id is None and pre:
             dev_id, name = _device_ref(pre.get("device"))

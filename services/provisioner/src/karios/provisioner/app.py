@@ -46,10 +46,10 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
     cfg = config or ProvisionerConfig.from_env(settings)
     rt = ServiceRuntime(SERVICE, settings, schema=SCHEMA, migrations=Path(__file__).parent / "migrations")
     assert rt.db is not None
-    metrics.install(rt.registry)
     media = MediaBuilder(cfg.cache_dir, cfg.media_dir)
     svc = JobService(rt.bus, rt.db, SecretBox.from_settings(settings), cfg, media)
     wire(rt.bus, svc)
+    metrics.install(rt.registry, svc.methods)
     svc.bmcs.pins = TlsPins(rt.db)  # BMC TLS: trust on first use (drivers/tls.py)
     wire_tls_pins(rt.bus, svc.bmcs.pins)
 

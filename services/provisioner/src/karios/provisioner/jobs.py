@@ -158,13 +158,7 @@ class JobService:
         """
         moved = await self.repo.move(job_id, target, message, percent=percent, owned=owned, values=values)
         j = moved.job
-        metrics.job_moved(
-            job_type=j.job_type,
-            vendor=j.vendor,
-            state=j.state,
-            previous=moved.previous,
-            created_at=j.created_at,
-        )
+        metrics.job_moved(j.job_type, j.vendor, j.state, moved.previous, j.created_at)
         await self.emit(moved.job, fact=fact)
         if is_terminal(moved.job.state):
             self.media.remove(job_id)
@@ -254,9 +248,7 @@ class JobService:
             log.info("duplicate start command ignored", job_id=cmd.job_id)
             return
         await self.emit(await self.load(cmd.job_id))
-        metrics.job_moved(
-            job_type=cmd.job_type, vendor=cmd.spec.vendor, state="queued", previous="", created_at=None
-        )
+        metrics.job_moved(cmd.job_type, cmd.spec.vendor, "queued", "", None)
         try:
             refuse_second_job(cmd.spec.bmc_ip, other)
         except Conflict as exc:

@@ -160,7 +160,7 @@ def meter_bmc(client: object, vendor: str | None) -> None:
 
 
 def job_moved(
-    *, job_type: str, vendor: str | None, state: str, previous: str, created_at: datetime | None
+    job_type: str, vendor: str | None, state: str, previous: str, created_at: datetime | None
 ) -> None:
     """A transition committed: count it and, for a new state, how long the job took to get here."""
     TRANSITIONS.labels(job_type, state, vendor_label(vendor)).inc()
@@ -211,6 +211,10 @@ class _Forward(Collector):
         yield g
 
 
-def install(registry: CollectorRegistry) -> None:
-    """Serve the provisioner's metrics from ``registry`` (one call per app)."""
+def install(registry: CollectorRegistry, methods: Iterable[str] = ()) -> None:
+    """Serve the provisioner's metrics from ``registry`` (one call per app); ``methods``: the
+    installed install methods, whose media series exist from the start."""
+    for name in methods:
+        MEDIA_BUILD_SECONDS.labels(name)
+        MEDIA_BYTES.labels(name)
     registry.register(_Forward())

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
 from karios.common.contracts.base import Command, Event, Query
-from karios.common.limits import BoundedIP, HostName, Int32Id, Name, OptBoundedIP, Text, Vendor
+from karios.common.limits import BoundedIP, Ciphertext, HostName, Int32Id, Name, OptBoundedIP, Vendor
 from karios.common.netaddr import IPStr, OptMacStr
 
 
@@ -19,12 +19,12 @@ class RegisterNode(Command):
 
     bmc_ip: BoundedIP
     bmc_username: Name | None = None
-    bmc_password_enc: Text | None = None
+    bmc_password_enc: Ciphertext | None = None
     os_hostname: HostName | None = None
     fqdn: HostName | None = None
     os_ip: OptBoundedIP = None
     os_username: Name | None = None
-    os_password_enc: Text | None = None
+    os_password_enc: Ciphertext | None = None
     primary_mac: OptMacStr = None
     serial_number: Name | None = None
     vendor: Vendor | None = None
@@ -88,6 +88,19 @@ class HostInterface(BaseModel):
     ipv6: list[str] = Field(default_factory=list)
 
 
+class HostUser(BaseModel):
+    """An OS account the installer creates (NetBox config context ``karios.users``, or
+    ``users:`` of a device in the YAML inventory). A user named ``root`` sets root's keys/password
+    instead of creating an account. ``password_hash`` is a crypt(3) hash (``$6$…``): secret-ish,
+    never logged (``repr=False``), only rendered into the install config."""
+
+    name: str = Field(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    ssh_authorized_keys: list[Annotated[str, Field(pattern=r'^[^"\r\n]+$')]] = Field(default_factory=list)
+    sudo: bool = False  # wheel/sudo group; passwordless sudo when there is no password_hash
+    password_hash: str = Field("", repr=False, pattern=r"^[^\s\"'\\]*$")
+    shell: str = Field("", pattern=r"^[^\s\"'\\]*$")
+
+
 class Host(BaseModel):
     """A device as bootapi and the provisioner need it (from NetBox or the file inventory)."""
 
@@ -103,6 +116,10 @@ class Host(BaseModel):
     interfaces: list[HostInterface] = Field(default_factory=list)
     pxe_enabled: bool = True  # unset custom field counts as true
     custom_fields: dict[str, object] = Field(default_factory=dict)
+    # From the NetBox config context key ``karios`` (docs/inventory.md); empty = none given.
+    users: list[HostUser] = Field(default_factory=list)
+    ipv4_gateway: str = ""  # gateway of primary_ipv4 (context ``karios.network.gateway``)
+    nameservers: list[str] = Field(default_factory=list)  # context ``karios.network.nameservers``
 
 
 class HostQuery(Query):
@@ -120,7 +137,10 @@ class SetPxeEnabled(Query):
 
 
 class DeviceChanged(Event):
-    """NetBox (or the file inventory) changed a device: caches drop what they hold for it."""
+    """NetBox (or the file inventory) changed a device: caches drop what they hold for it.
+
+    An event with no ``device_id``, ``name`` or ``macs`` stands for a change any device may
+    depend on (a config context, a module type, a platform): caches drop every entry."""
 
     TYPE = "karios.inventory.device_changed.v1"
     device_id: int | None = None

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from karios.common.contracts.base import Command, Event, Query
-from karios.common.limits import BoundedIP, HostName, Name, OptBoundedIP, Text
+from karios.common.limits import BoundedIP, Ciphertext, HostName, Name, OptBoundedIP
 
 NodeSource = Literal["adopted", "firstboot", "registry"]
 SSH_PORT = Field(22, ge=1, le=65535, description="SSH port of the node")
@@ -36,8 +36,8 @@ class NodeCredentials(BaseModel):
     node_ip: BoundedIP
     ssh_port: int = SSH_PORT
     os_username: Name = "root"
-    os_password_enc: Text | None = None
-    ssh_private_key_enc: Text | None = None
+    os_password_enc: Ciphertext | None = None
+    ssh_private_key_enc: Ciphertext | None = None
 
 
 class AdoptNode(NodeCredentials, Command):

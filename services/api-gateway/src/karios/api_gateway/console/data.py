@@ -12,6 +12,7 @@ from sqlmodel import col, select
 
 from karios.api_gateway.readmodel import JobRow, ProvisionProgress, job_json, progress_json
 from karios.common.contracts.fabric import FabricConfigQuery, FabricConfigView
+from karios.common.contracts.fabric_diff import FabricDiffQuery, FabricDiffView
 from karios.common.contracts.fabric_rollout import (
     FabricDriftQuery,
     FabricDriftView,
@@ -57,7 +58,9 @@ async def recent_jobs(request: Request, limit: int = RECENT_JOBS) -> list[dict[s
 
 async def queue(request: Request, notes: Notes) -> list[dict[str, Any]]:
     rt = _rt(request)
-    entries = await notes.get("provision queue", rt.bus.request(rt.bus.subjects.query("provision", "queue"), QueueQuery()))
+    entries = await notes.get(
+        "provision queue", rt.bus.request(rt.bus.subjects.query("provision", "queue"), QueueQuery())
+    )
     return list(entries or [])
 
 
@@ -122,10 +125,9 @@ async def preflight(request: Request, body: FabricPreflightRequest) -> FabricPre
     )
 
 
-def diff_route(request: Request) -> str:
-    """The per-node diff API's path when this gateway has one ('' otherwise)."""
-    for route in request.app.routes:
-        path = getattr(route, "path", "")
-        if path.startswith("/controlnode/fabric-config") and path.rstrip("/").endswith("/diff"):
-            return path
-    return ""
+async def diff(request: Request) -> FabricDiffView:
+    """What an apply would change on every node (as ``POST /controlnode/fabric-config/diff``)."""
+    rt = _rt(request)
+    return await rt.bus.request(
+        rt.bus.subjects.query("fabric", "diff"), FabricDiffQuery(), timeout=SSH_TIMEOUT, reply=FabricDiffView
+    )

@@ -183,7 +183,9 @@ async def nodes_page(request: Request, p: Principal = Depends(viewer)) -> HTMLRe
     fabric = await data.fabric_state(request, notes)
     names = {n.node_ip: n.hostname for n in fabric.nodes}
     states = {n.node_ip: n for n in views.fabric_nodes(names, fabric.latest, fabric.drift)}
-    last_jobs = views.last_job_by_bmc(views.job_lines(await data.recent_jobs(request), [], views.controls_for(p.role)))
+    last_jobs = views.last_job_by_bmc(
+        views.job_lines(await data.recent_jobs(request), [], views.controls_for(p.role))
+    )
     return _page(
         "nodes.html",
         p,
@@ -223,7 +225,7 @@ async def _fabric_ctx(request: Request, p: Principal) -> dict[str, Any]:
 @router.get("/fabric")
 async def fabric_page(request: Request, p: Principal = Depends(viewer)) -> HTMLResponse:
     ctx = await _fabric_ctx(request, p)
-    return _page("fabric.html", p, "fabric", diff_route=data.diff_route(request), **ctx)
+    return _page("fabric.html", p, "fabric", **ctx)
 
 
 @router.get("/fabric/live")
@@ -242,3 +244,13 @@ async def fabric_preflight(
     except KariosError as exc:
         return render("_error.html", exc.http_status, error=exc.to_dict())
     return _page("_fabric_live.html", p, "fabric", **await _fabric_ctx(request, p))
+
+
+@router.post("/fabric/diff")
+async def fabric_diff(request: Request, p: Principal = Depends(require(Role.operator))) -> HTMLResponse:
+    """The per-node preview of an apply (``POST /controlnode/fabric-config/diff``) as HTML."""
+    try:
+        view = await data.diff(request)
+    except KariosError as exc:
+        return render("_error.html", exc.http_status, error=exc.to_dict())
+    return render("_diff.html", diff=view, lines=views.diff_lines)

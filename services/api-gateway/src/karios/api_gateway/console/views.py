@@ -3,7 +3,7 @@ fabric nodes → topology coordinates. No I/O, no clock; the routes load, these 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from ipaddress import ip_address
 from typing import Any
@@ -13,13 +13,21 @@ from karios.common.contracts.fabric_rollout import FabricDriftView, FabricJobVie
 from karios.common.provisioning import TERMINAL_STATES, VENDORS
 
 #: SSE event names of the ``provision`` channel (``job_<state>`` and the installer's ``job_step``).
-PROVISION_EVENTS = tuple(
-    f"job_{s}"
-    for s in (
-        "queued building_media mounting booting installing first_boot completed failed "
-        "cancelled stuck step resumed"
-    ).split()
+_PROVISION_FACTS = (
+    "queued",
+    "building_media",
+    "mounting",
+    "booting",
+    "installing",
+    "first_boot",
+    "completed",
+    "failed",
+    "cancelled",
+    "stuck",
+    "step",
+    "resumed",
 )
+PROVISION_EVENTS = tuple(f"job_{s}" for s in _PROVISION_FACTS)
 VENDOR_CHOICES = VENDORS
 
 
@@ -32,10 +40,11 @@ class Controls:
     preflight: bool = False  # operator: POST /controlnode/fabric-config/preflight
     edit_fabric: bool = False  # operator: POST /controlnode/fabric-config (+ the ack flow)
     apply_fabric: bool = False  # fabric_admin: POST /controlnode/fabric-config/apply
+    preview_diff: bool = False  # operator: POST /controlnode/fabric-config/diff (SSH, read-only)
 
     @property
     def any(self) -> bool:
-        return any((self.provision, self.cancel_job, self.preflight, self.edit_fabric, self.apply_fabric))
+        return any(self.__dict__.values())
 
 
 def controls_for(role: Role) -> Controls:
@@ -47,6 +56,7 @@ def controls_for(role: Role) -> Controls:
         preflight=operator,
         edit_fabric=operator,
         apply_fabric=role >= Role.fabric_admin,
+        preview_diff=operator,
     )
 
 
@@ -157,9 +167,10 @@ def stage_timeline(progresses: list[dict[str, Any]]) -> list[TimelineStep]:
             steps[-1] = step
         else:
             steps.append(step)
+    # A stage the job moved on from while running is done; the last one is where it is now.
+    steps = [replace(s, css="ok") if s.status == "running" else s for s in steps[:-1]] + steps[-1:]
     if steps:
-        last = steps[-1]
-        steps[-1] = TimelineStep(**{**last.__dict__, "current": True})
+        steps[-1] = replace(steps[-1], current=True)
     return steps
 
 
@@ -312,7 +323,7 @@ class Topology:
     nodes: list[tuple[FabricNode, Point]] = field(default_factory=list)
 
 
-NODE_SPACING = 170
+NODE_SPACING = 180
 PER_ROW = 6
 
 
@@ -326,12 +337,30 @@ def topology(nodes: list[FabricNode], rr_label: str, rr_ip: str) -> Topology:
         row, col = divmod(i, PER_ROW)
         in_row = min(PER_ROW, len(nodes) - row * PER_ROW)
         left = (width - in_row * NODE_SPACING) // 2 + NODE_SPACING // 2
-        placed.append((n, Point(left + col * NODE_SPACING, 200 + row * 130)))
+        placed.append((n, Point(left + col * NODE_SPACING, 200 + row * 150)))
     return Topology(
         width=width,
-        height=200 + rows * 130,
+        height=200 + rows * 150,
         rr=Point(width // 2, 60),
         rr_label=rr_label,
         rr_ip=rr_ip,
         nodes=placed,
     )
+
+
+def diff_lines(text: str) -> list[tuple[str, str]]:
+    """A unified diff as (css class, line): added, removed, hunk header or context."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(("+++", "---")):
+            css = "d-file"
+        elif line.startswith("+"):
+            css = "d-add"
+        elif line.startswith("-"):
+            css = "d-del"
+        elif line.startswith("@@"):
+            css = "d-hunk"
+        else:
+            css = ""
+        out.append((css, line))
+    return out

@@ -130,17 +130,15 @@ async def request_apply(svc: RolloutService, q: RequestFabricApply) -> ApplyAcce
         "forced": [b.message for b in forced],
         "access": [a.model_dump(mode="json") for a in access],
     }
-    await svc.repo.queue_job(summary, request)  # 409 when another job got in first
-    try:
-        await svc.rt.bus.send_command(
-            StartFabricApply(job_id=job_id, node_ip=node_ip, caller=q.caller),
-            svc.rt.bus.subjects.cmd("fabric", "apply"),
-            entity=job_id,
-            msg_id=job_id,
-        )
-    except KariosError as exc:  # not queued after all: the row must not block the next apply
-        await fail_job(svc, job_id, f"not queued: {exc.message}")
-        raise
+    cmd = StartFabricApply(job_id=job_id, node_ip=node_ip, caller=q.caller)
+    subject = svc.rt.bus.subjects.cmd("fabric", "apply")
+
+    async def command(session: Any) -> None:  # in the job row's transaction (the outbox, ADR 0002)
+        await svc.outbox.add(session, cmd, subject, entity=job_id, msg_id=job_id)
+
+    await svc.repo.queue_job(summary, request, then=command)  # 409 when another job got in first
+    if svc.after_commit is not None:
+        svc.after_commit()  # chaos tests: die between the commit and the relay
     what = f"node {node_ip}" if node_ip else "every registered node"
     note = f" (forced past {len(forced)} preflight blocker(s))" if forced else ""
     return ApplyAccepted(

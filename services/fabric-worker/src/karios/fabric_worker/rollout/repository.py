@@ -13,6 +13,7 @@ queued job (written by the request that answered 202) has no owner until a repli
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,6 +35,7 @@ from karios.fabric_worker.models import (
     NodeHostKeyRow,
     VtepAllocationRow,
 )
+from karios.fabric_worker.outbox import waiting_job_ids
 from karios.fabric_worker.rollout.summary import JobSummary, JobType
 
 RUNNING = "running"
@@ -192,11 +194,17 @@ class RolloutRepository:
             request=request,
         )
 
-    async def queue_job(self, summary: JobSummary, request: dict) -> None:
+    async def queue_job(
+        self, summary: JobSummary, request: dict, then: Callable[[Any], Awaitable[None]] | None = None
+    ) -> None:
         """Write the job as queued (running, no owner yet): the partial unique index makes a
-        second running job a 409."""
+        second running job a 409. `then(session)` runs in the same transaction (the outbox row
+        of its command: both commit or neither)."""
         try:
-            await self._exec(self._insert(summary, "", request))
+            async with self.db.session() as s, s.begin():
+                await (await s.connection()).execute(self._insert(summary, "", request))
+                if then is not None:
+                    await then(s)
         except IntegrityError:
             await self.check_idle()
             raise Conflict("another fabric job is running") from None
@@ -271,9 +279,14 @@ class RolloutRepository:
 
     async def stale_jobs(self, lease_s: float) -> list[str]:
         """Running jobs nobody holds: their replica died (or stopped), or nobody picked them up."""
+        waiting = Row.job_id.not_in(waiting_job_ids())  # type: ignore[attr-defined]  # its command not yet sent
         async with self.db.session() as s:
             return list(
-                (await s.exec(select(Row.job_id).where(Row.job_status == RUNNING, _stale(lease_s)))).all()
+                (
+                    await s.exec(
+                        select(Row.job_id).where(Row.job_status == RUNNING, _stale(lease_s), waiting)
+                    )
+                ).all()
             )
 
     async def request_cancel(self, job_id: str) -> bool:

@@ -26,8 +26,10 @@ from karios.common.contracts.fabric_rollout import FabricRolloutEvent, RolloutSt
 from karios.common.contracts.inventory import NodeAccess, NodeAccessQuery
 from karios.common.crypto import SecretBox
 from karios.common.errors import ServiceUnavailable
+from karios.common.outbox import kill_after_commit_hook
 from karios.common.service import ServiceRuntime
 from karios.common.telemetry import get_logger
+from karios.fabric_worker.outbox import fabric_outbox
 from karios.fabric_worker.rollout.access import node_targets, private_key
 from karios.fabric_worker.rollout.intent import NodeTarget
 from karios.fabric_worker.rollout.jobs import JobRegistry
@@ -53,6 +55,10 @@ class RolloutService:
         self._repo: RolloutRepository | None = None
         self._handlers: set[asyncio.Task] = set()
         self._reaper: asyncio.Task | None = None
+        assert rt.db is not None
+        # The apply job row and its command commit together; the relay publishes after commit.
+        self.outbox = fabric_outbox(rt.bus, rt.db.engine, rt.registry)
+        self.after_commit = kill_after_commit_hook()  # chaos tests only (None otherwise)
 
     @property
     def repo(self) -> RolloutRepository:

@@ -133,19 +133,10 @@
     });
     const diff = $("#load-diff");
     if (diff) diff.addEventListener("click", async () => {
-      const res = await api("POST", $("#diff").dataset.diffRoute, {});
       const out = $("#diff-out");
-      out.textContent = "";
-      if (!res.ok) { out.textContent = errorText(res); return; }
-      const nodes = Array.isArray(res.data) ? res.data : (res.data.nodes || [res.data]);
-      for (const n of nodes) {
-        const h = document.createElement("h3");
-        h.textContent = n.fqdn || n.node_ip || "node";
-        const pre = document.createElement("pre");
-        pre.className = "diff";
-        pre.textContent = typeof n.diff === "string" ? n.diff : JSON.stringify(n, null, 2);
-        out.append(h, pre);
-      }
+      out.textContent = "diffing every node…";
+      const r = await fetch("/console/fabric/diff", { method: "POST", credentials: "same-origin", headers: WRITE });
+      out.innerHTML = await r.text();
     });
     bindAck();
   }

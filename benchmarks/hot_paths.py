@@ -1,0 +1,326 @@
+"""Hot paths against their limits (issue 14, item 5), each row with its ratio to the limit.
+
+    uv run python benchmarks/hot_paths.py [--seconds 10] [--nodes 10000] [--sse]
+
+Runs ``karios up`` (embedded NATS; a fresh database on the PostgreSQL of
+``KARIOS_BENCH_PG``, default 127.0.0.1:5432, dropped at the end) with a file inventory of 100
+hosts, and measures with ``wrk`` (Debian: ``apt-get install wrk nginx-light``, installed here if
+missing) so that the load generator is not Python:
+
+1. bootapi cached ``/ipxe/<mac>`` vs nginx serving the same bytes as a static file, 200
+   connections: limit >= 0.25x nginx and p99 < 25 ms.
+2. gateway authenticated reads, 100 connections: ``/controlnode/tokens/self`` (the auth path
+   alone), ``/controlnode/provision/queue`` (auth + a bus query): limit p99 < 50 ms.
+3. 10,000 registered nodes: ``/controlnode/nodes`` first and last page (limit=100) and a point
+   lookup, at 100 nodes (registered through the API) and at 10,000 (the rest inserted in SQL):
+   limit p99 at 10k <= 1.5x p99 at 100 (noise on a shared machine).
+4. ``--sse``: ``benchmarks/sse_pipeline.py --rate 10 --clients 1000`` (its own process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import yaml
+
+HERE = Path(__file__).resolve().parent
+PORTS = ("GATEWAY", "BOOTAPI", "PROVISIONER", "INVENTORY", "FABRIC_WORKER")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def mac_of(i: int) -> str:
+    return f"52:54:02:00:{(i >> 8) & 255:02x}:{i & 255:02x}"
+
+
+def ensure_tools() -> None:
+    missing = [p for p, exe in (("wrk", "wrk"), ("nginx-light", "nginx")) if not shutil.which(exe)]
+    if not shutil.which("nginx") and Path("/usr/sbin/nginx").exists():
+        missing = [m for m in missing if m != "nginx-light"]
+    if missing:
+        subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, capture_output=True)
+
+
+def wrk(url: str, conns: int, seconds: int, token: str | None = None) -> dict[str, float]:
+    """requests/s, p50/p99 ms and non-2xx count of ``wrk -t2 --latency``."""
+    argv = ["wrk", "-t2", f"-c{conns}", f"-d{seconds}s", "--latency", "--timeout", "5s"]
+    if token:
+        argv += ["-H", f"Authorization: Bearer {token}"]
+    out = subprocess.run([*argv, url], capture_output=True, text=True, check=True).stdout
+
+    def ms(q: str) -> float:
+        m = re.search(rf"^\s*{q}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        if not m:
+            return float("nan")
+        return float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
+
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    return {
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
+        "p50": ms("50"),
+        "p99": ms("99"),
+        "errors": int(errors.group(1)) if errors else 0,
+        "sock": sum(int(x) for x in sock.groups()) if sock else 0,
+    }
+
+
+class Nginx:
+    """nginx serving one directory on a free port (its own config, pid and temp paths)."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="karios-nginx-"))
+        self.dir.chmod(0o755)
+        self.port = free_port()
+        conf = self.dir / "nginx.conf"
+        temp = " ".join(
+            f"{k} {self.dir}/{k};" for k in ("client_body_temp_path", "proxy_temp_path", "fastcgi_temp_path")
+        )
+        conf.write_text(
+            f"daemon off; worker_processes auto; pid {self.dir}/nginx.pid; error_log {self.dir}/error.log;\n"
+            "events { worker_connections 4096; }\n"
+            f"http {{ access_log off; {temp} uwsgi_temp_path {self.dir}/u; scgi_temp_path {self.dir}/s;\n"
+            f"  server {{ listen 127.0.0.1:{self.port}; root {root}; default_type text/plain; }} }}\n"
+        )
+        self.proc = subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-c", str(conf)])
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGQUIT)
+        self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class System:
+    """``karios up`` on free ports, a file inventory of 100 hosts, a database of its own."""
+
+    def __init__(self, hosts: int = 100) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="karios-hot-"))
+        self.root.chmod(0o755)
+        pg = os.environ.get("KARIOS_BENCH_PG", "postgres@127.0.0.1:5432")
+        self.db = f"karios_hot_{uuid.uuid4().hex[:8]}"
+        self.db_url = f"postgresql+asyncpg://{pg}/{self.db}"
+        devices = [
+            {
+                "id": i + 1,
+                "name": f"hot-{i:03d}",
+                "oob_ip": f"10.97.{i >> 8}.{i & 255}",
+                "platform": "debian-12",
+                "interfaces": [{"name": "eno1", "macs": [mac_of(i)]}],
+            }
+            for i in range(hosts)
+        ]
+        (self.root / "inventory.yaml").write_text(yaml.safe_dump({"devices": devices}))
+        self.ports = {p: free_port() for p in PORTS}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KARIOS_")}
+        env |= {f"KARIOS_{p}_PORT": str(n) for p, n in self.ports.items()}
+        env |= {
+            "KARIOS_STATE_DIR": str(self.root / "state"),
+            "KARIOS_CONFIG": str(self.root / "client.json"),
+            "KARIOS_DATABASE_URL": self.db_url,
+            "KARIOS_INVENTORY_FILE": str(self.root / "inventory.yaml"),
+            "KARIOS_LOG_LEVEL": "WARNING",
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "karios.cli", "up", "--timeout", "180"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.out: list[str] = []
+        threading.Thread(target=lambda: self.out.extend(self.proc.stdout or []), daemon=True).start()
+        deadline = time.monotonic() + 240
+        while "Ctrl-C stops everything" not in "".join(self.out):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("karios up did not start:\n" + "".join(self.out))
+            time.sleep(0.2)
+        self.token = (self.root / "state" / "admin.token").read_text().strip()
+
+    def url(self, port: str) -> str:
+        return f"http://127.0.0.1:{self.ports[port]}"
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(90)
+        shutil.rmtree(self.root, ignore_errors=True)
+        asyncio.run(self._sql(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)', db="postgres"))
+
+    async def _sql(self, statement: str, db: str | None = None) -> None:
+        from sqlalchemy import text
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        url = self.db_url.rsplit("/", 1)[0] + "/" + (db or self.db)
+        engine = create_async_engine(url, isolation_level="AUTOCOMMIT")
+        try:
+            async with engine.connect() as c:
+                await c.execute(text(statement))
+        finally:
+            await engine.dispose()
+
+
+ROW = "| {:<44} | {:>8} | {:>7} | {:>7} | {:>7} | {:<22} | {:>6} |"
+
+
+def header(title: str) -> None:
+    print(f"\n{title}\n")
+    print(ROW.format("path", "req/s", "p50 ms", "p99 ms", "errors", "limit", "ratio"))
+    print(ROW.format(*(["-" * 44, "-" * 8, "-" * 7, "-" * 7, "-" * 7, "-" * 22, "-" * 6])).replace(" ", "-"))
+
+
+def row(name: str, r: dict[str, float], limit: str = "", ratio: float | None = None) -> None:
+    ratio_s = f"{ratio:.2f}" if ratio is not None else ""
+    errs = f"{int(r['errors'] + r['sock'])}"
+    print(ROW.format(name, f"{r['rps']:.0f}", f"{r['p50']:.1f}", f"{r['p99']:.1f}", errs, limit, ratio_s))
+
+
+def bench_ipxe(s: System, secs: int) -> None:
+    url = f"{s.url('BOOTAPI')}/ipxe/{mac_of(7)}"
+    body = httpx.get(url, timeout=30).content  # the first request fills the cache
+    assert b"#!ipxe" in body, body[:200]
+    static = Path(tempfile.mkdtemp(prefix="karios-static-"))
+    static.chmod(0o755)
+    (static / "ipxe").write_bytes(body)
+    (static / "ipxe").chmod(0o644)
+    nginx = Nginx(static)
+    try:
+        ng = wrk(f"http://127.0.0.1:{nginx.port}/ipxe", 200, secs)
+    finally:
+        nginx.stop()
+        shutil.rmtree(static, ignore_errors=True)
+    ip = wrk(url, 200, secs)
+    hz = wrk(f"{s.url('BOOTAPI')}/healthz", 200, secs)
+    header(f"1. bootapi cached /ipxe ({len(body)} bytes) vs nginx, 200 connections, wrk -t2, {secs} s each")
+    row("nginx static file (worker_processes auto)", ng)
+    row("bootapi /healthz", hz, "", hz["rps"] / ng["rps"])
+    row("bootapi /ipxe/<mac> cached: req/s vs nginx", ip, ">= 0.25x nginx", ip["rps"] / ng["rps"] / 0.25)
+    row("bootapi /ipxe/<mac> cached: p99", ip, "p99 < 25 ms", ip["p99"] / 25)
+    print("ratio: measured / limit (req/s: >= 1 meets it; p99: <= 1 meets it)")
+
+
+def bench_gateway(s: System, secs: int) -> None:
+    gw = s.url("GATEWAY")
+    rows = [
+        ("/healthz (no auth)", wrk(f"{gw}/healthz", 100, secs), None),
+        (
+            "/controlnode/tokens/self (auth only)",
+            wrk(f"{gw}/controlnode/tokens/self", 100, secs, s.token),
+            50,
+        ),
+        (
+            "/controlnode/provision/queue (auth + bus)",
+            wrk(f"{gw}/controlnode/provision/queue", 100, secs, s.token),
+            50,
+        ),
+    ]
+    header(f"2. gateway authenticated reads, 100 connections, {secs} s each")
+    for name, r, lim in rows:
+        row(name, r, f"p99 < {lim} ms" if lim else "", r["p99"] / lim if lim else None)
+
+
+async def register(s: System, n: int) -> float:
+    t0 = time.perf_counter()
+    sem = asyncio.Semaphore(20)
+    async with httpx.AsyncClient(
+        base_url=s.url("GATEWAY"), headers={"Authorization": f"Bearer {s.token}"}
+    ) as c:
+
+        async def one(i: int) -> None:
+            body = {
+                "bmc_ip": f"10.98.{i >> 8}.{i & 255}",
+                "os_ip": f"10.99.{i >> 8}.{i & 255}",
+                "vendor": "generic",
+            }
+            async with sem:
+                r = await c.post("/controlnode/register", json=body, timeout=30)
+                r.raise_for_status()
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+    return n / (time.perf_counter() - t0)
+
+
+def node_reads(s: System, n: int, secs: int) -> dict[str, dict[str, float]]:
+    gw = s.url("GATEWAY")
+    last = max(0, n - 100)
+    return {
+        "first page (limit=100)": wrk(f"{gw}/controlnode/nodes?limit=100", 100, secs, s.token),
+        "last page (offset=n-100)": wrk(
+            f"{gw}/controlnode/nodes?offset={last}&limit=100", 100, secs, s.token
+        ),
+        "one node (/nodes/{ip})": wrk(f"{gw}/controlnode/nodes/10.99.0.50", 100, secs, s.token),
+    }
+
+
+def bench_nodes(s: System, nodes: int, secs: int) -> None:
+    reg_rate = asyncio.run(register(s, 100))
+    small = node_reads(s, 100, secs)
+    rest = nodes - 100
+    asyncio.run(
+        s._sql(
+            "INSERT INTO inventory.bmc_infos (bmc_ip, os_ip, os_hostname, vendor, is_control_node, "
+            "created_at, updated_at) SELECT '10.100.' || (g >> 8) || '.' || (g & 255), "
+            "'10.101.' || (g >> 8) || '.' || (g & 255), 'bulk-' || g, 'generic', false, now(), now() "
+            f"FROM generate_series(0, {rest - 1}) g"
+        )
+    )
+    large = node_reads(s, nodes, secs)
+    header(f"3. /controlnode/nodes at 100 vs {nodes} registered nodes, 100 connections, {secs} s each")
+    for name in small:
+        row(f"{name}, 100 nodes", small[name])
+        ratio = large[name]["p99"] / small[name]["p99"]
+        row(f"{name}, {nodes} nodes", large[name], "p99 <= 1.5x at 100", ratio / 1.5)
+    print(f"(100 nodes registered through POST /controlnode/register at {reg_rate:.0f}/s; the rest in SQL)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=int, default=10)
+    ap.add_argument("--nodes", type=int, default=10_000)
+    ap.add_argument(
+        "--sse", action="store_true", help="also run sse_pipeline.py at 10 events/s, 1000 clients"
+    )
+    ap.add_argument("--only", default="ipxe,gateway,nodes")
+    a = ap.parse_args()
+    ensure_tools()
+    only = set(a.only.split(","))
+    s = System()
+    try:
+        print(f"karios up ready; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+        if "ipxe" in only:
+            bench_ipxe(s, a.seconds)
+        if "gateway" in only:
+            bench_gateway(s, a.seconds)
+        if "nodes" in only:
+            bench_nodes(s, a.nodes, a.seconds)
+    finally:
+        s.stop()
+    if a.sse:
+        cmd = [sys.executable, str(HERE / "sse_pipeline.py"), "--rate", "10", "--events", "100"]
+        subprocess.run([*cmd, "--clients", "1000", "--limit-ms", "100"], check=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""``karios demo``: ``karios up`` plus emulated BMCs wired to a demo inventory, so that a newcomer
+provisions a fake server and watches it in the CLI and the console within a minute.
+
+The demo servers' BMCs get documentation addresses (192.0.2.11, .12, …: TEST-NET-1, never a real
+host) in the demo inventory; one sushy-emulator on 127.0.0.1 serves them all, and
+``KARIOS_PROVISIONER_BMC_ENDPOINTS`` (written by the demo) maps each address to its emulated system.
+The address is the BMC's key, so several servers cannot all be 127.0.0.1 (see docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from karios.cli.demo_bmc import DemoBmcs
+from karios.cli.up import Up
+
+BMC_BASE = "192.0.2."  # TEST-NET-1 (RFC 5737): documentation addresses
+
+
+def demo_bmc_ips(count: int) -> list[str]:
+    return [f"{BMC_BASE}{10 + i}" for i in range(1, count + 1)]
+
+
+def demo_inventory(bmc_ips: list[str], systems: list[dict[str, object]]) -> dict[str, object]:
+    """The YAML inventory of the demo servers (two disks each; the NIC the emulator reports)."""
+    devices = []
+    for n, (ip, system) in enumerate(zip(bmc_ips, systems, strict=True), 1):
+        macs = [str(nic["mac"]) for nic in system["nics"]]  # type: ignore[attr-defined]
+        devices.append(
+            {
+                "id": n,
+                "name": f"demo-{n}",
+                "oob_ip": ip,
+                "interfaces": [{"name": "eno1", "macs": macs}],
+                "disks": [{"name": "sda", "size_gb": 100}, {"name": "sdb", "size_gb": 100}],
+            }
+        )
+    return {"devices": devices}
+
+
+class Demo(Up):
+    """``karios up`` whose start-up also starts the emulated BMCs and whose stop stops them."""
+
+    def __init__(self, args: argparse.Namespace, state: Path) -> None:
+        super().__init__(args, state)
+        self.bmc_ips = demo_bmc_ips(args.servers)
+        self.gateway_url = ""
+        self.bmcs = DemoBmcs(state / "demo-bmcs", count=args.servers, executable=args.sushy_emulator)
+
+    def _start_backends(self) -> None:
+        super()._start_backends()
+        self.bmcs.start()
+        inventory = self.state / "demo-inventory.yaml"
+        inventory.write_text(yaml.safe_dump(demo_inventory(self.bmc_ips, self.bmcs.systems), sort_keys=False))
+        self.env.update(
+            {
+                "KARIOS_INVENTORY_FILE": str(inventory),
+                "KARIOS_PROVISIONER_BMC_ENDPOINTS": self.bmcs.endpoints(self.bmc_ips),
+                # No image to build: the Debian installer's netboot files (a Debian package).
+                "KARIOS_PROVISIONER_INSTALL_METHOD": "preseed",
+            }
+        )
+        from karios.provisioner.media import netboot_dir
+
+        if not (netboot_dir("12") / "linux").exists():
+            print(
+                "karios demo: the Debian installer is missing, a provision will fail at 'building': "
+                "apt-get install debian-installer-12-netboot-amd64",
+                file=sys.stderr,
+            )
+
+    def shutdown(self, *_a: object) -> None:
+        first = not self.stopping
+        super().shutdown()
+        if first:
+            self.bmcs.stop()
+
+    def _supervise(self) -> int:
+        self._print_demo()
+        return super()._supervise()
+
+    def _print_demo(self) -> None:
+        gw = self.gateway_url
+        lines = [
+            f"\nkarios demo: {len(self.bmc_ips)} emulated servers "
+            f"(sushy-tools at {self.bmcs.url}, log {self.bmcs.log_path})",
+            *(
+                f"  BMC {ip:13s} {s['name']}  Redfish system {s['uuid']}"
+                for ip, s in zip(self.bmc_ips, self.bmcs.systems, strict=True)
+            ),
+            "Try:",
+            f"  karios provision {self.bmc_ips[0]} --watch --until booting",
+            "  karios jobs",
+            "  karios job cancel JOB_ID   (an emulated server runs no installer: its job waits at booting)",
+        ]
+        if gw and _answers(f"{gw}/console/login"):
+            lines.append(f"  console: {gw}/console  (log in with the admin token above)")
+        print("\n".join(lines), flush=True)
+
+    def _add_services(self) -> tuple[str, dict[str, str]]:
+        host, urls = super()._add_services()
+        self.gateway_url = urls["api-gateway"]
+        return host, urls
+
+
+def _answers(url: str) -> bool:
+    with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=3) as r:  # noqa: S310
+        return bool(r.status == 200)
+    return False
+
+
+def demo(
+    servers: Annotated[int, typer.Option(min=1, max=50, help="how many emulated servers")] = 3,
+    sushy_emulator: Annotated[
+        str | None, typer.Option(help="a sushy-emulator executable (default: PATH, else a cached venv)")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for every service to be ready")] = 90.0,
+) -> None:
+    """`karios up` with emulated BMCs (sushy-tools) and a demo inventory: provision a fake server."""
+    from karios.cli.up import state_dir
+
+    args = argparse.Namespace(
+        timeout=timeout, max_crashes=5, crash_window=60.0, servers=servers, sushy_emulator=sushy_emulator
+    )
+    raise typer.Exit(Demo(args, state_dir() / "demo").run())
