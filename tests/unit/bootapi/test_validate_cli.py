@@ -85,8 +85,8 @@ def edit(path: Path, old: str, new: str) -> None:
         ),
         (
             "templates/kickstart/fedora.ks.j2",
-            "echo \"karios: installing {{ entry.name }} on {{ host.name }}\"",
-            "echo \"karios: installing {{ entry.name }} on {{ host.nmae }}\"",
+            'echo "karios: installing {{ entry.name }} on {{ host.name }}"',
+            'echo "karios: installing {{ entry.name }} on {{ host.nmae }}"',
             "render",
         ),
         ("templates/ipxe/boot.ipxe.j2", "#!ipxe\n", "", "#!ipxe"),

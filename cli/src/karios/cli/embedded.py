@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -75,6 +77,53 @@ class EmbeddedNats:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class NatsNode:
+    """One server of an embedded JetStream cluster: fixed ports (a restarted node comes back on
+    the same client, route and monitoring port) and its own store directory."""
+
+    name: str
+    port: int
+    cluster_port: int
+    monitor_port: int
+    store: Path
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def ready_url(self) -> str:
+        # 200 once this server is connected to the meta leader and its streams are current.
+        return f"http://127.0.0.1:{self.monitor_port}/healthz"
+
+    def argv(self, peers: list[NatsNode], cluster_name: str = "karios") -> list[str]:
+        routes = ",".join(f"nats://127.0.0.1:{p.cluster_port}" for p in peers if p is not self)
+        return [
+            nats_server_binary(),
+            *("-js", "-sd", str(self.store), "-n", self.name, "-a", "127.0.0.1"),
+            *("-p", str(self.port), "-m", str(self.monitor_port)),
+            *("--cluster_name", cluster_name, "--cluster", f"nats://127.0.0.1:{self.cluster_port}"),
+            *("--routes", routes),
+        ]
+
+
+def nats_cluster(state_dir: Path, size: int) -> list[NatsNode]:
+    """``size`` clustered nats-servers on 127.0.0.1 (free ports), stores under ``state_dir/nats``."""
+    nodes = []
+    for i in range(1, size + 1):
+        store = state_dir / "nats" / f"n{i}"
+        store.mkdir(parents=True, exist_ok=True)
+        nodes.append(NatsNode(f"karios-n{i}", free_port(), free_port(), free_port(), store))
+    return nodes
 
 
 class EmbeddedPostgres:

@@ -59,12 +59,24 @@ def up(
     otlp_endpoint: Annotated[
         str | None, typer.Option(help="send every service's traces to this OTLP/HTTP collector URL")
     ] = None,
+    cluster: Annotated[
+        int,
+        typer.Option(min=0, max=9, help="run a JetStream cluster of this many nats-servers (3: streams R3)"),
+    ] = 0,
+    replicas: Annotated[
+        int, typer.Option(min=0, max=9, help="processes of every service (default: 2 with --cluster, else 1)")
+    ] = 0,
 ) -> None:
     """Run the whole system on this machine (embedded NATS + PostgreSQL)."""
     from karios.cli.up import Up, state_dir
 
     args = SimpleNamespace(
-        timeout=timeout, max_crashes=max_crashes, crash_window=crash_window, otlp_endpoint=otlp_endpoint
+        timeout=timeout,
+        max_crashes=max_crashes,
+        crash_window=crash_window,
+        otlp_endpoint=otlp_endpoint,
+        cluster=cluster,
+        replicas=replicas,
     )
     raise typer.Exit(Up(args, state_dir()).run())
 

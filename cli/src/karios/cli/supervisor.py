@@ -58,6 +58,8 @@ class Child:
     log_path: Path
     ready_url: str
     policy: CrashPolicy = field(default_factory=CrashPolicy)
+    #: Settings of this child only, over the supervisor's environment (a replica's own port).
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     restart_at: float | None = None
     down_since: float | None = None
@@ -87,7 +89,7 @@ class Supervisor:
         out = open(child.log_path, "ab")  # noqa: SIM115 (handed to the child; closed below)
         try:
             child.proc = subprocess.Popen(
-                child.argv, env=self.env, stdout=out, stderr=out, preexec_fn=self.preexec
+                child.argv, env={**self.env, **child.env}, stdout=out, stderr=out, preexec_fn=self.preexec
             )
         finally:
             out.close()  # the child holds its own descriptor

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from karios.cli.embedded import EmbeddedNats, EmbeddedPostgres, die_with_parent
+from karios.cli.embedded import EmbeddedNats, EmbeddedPostgres, die_with_parent, free_port, nats_cluster
 from karios.cli.services import SERVICES
 from karios.cli.supervisor import Child, CrashLoop, CrashPolicy, Supervisor
 
@@ -108,6 +109,11 @@ class Up:
         self.nats: EmbeddedNats | None = None
         self.pg: EmbeddedPostgres | None = None
         self.stopping = False
+        # `--cluster N`: N clustered nats-servers (supervised like the services, stopped after
+        # them) and `--replicas` (default 2) processes of every service.
+        self.cluster = int(getattr(args, "cluster", 0) or 0)
+        self.replicas = int(getattr(args, "replicas", 0) or (2 if self.cluster else 1))
+        self.nats_sup = Supervisor(self.env, self.logs, preexec=die_with_parent)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -136,6 +142,7 @@ class Up:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("\nkarios: stopping…", flush=True)
         self.sup.stop_all()
+        self.nats_sup.stop_all()
         if self.nats:
             self.nats.stop()
         if self.pg:
@@ -144,7 +151,9 @@ class Up:
 
     def _start_backends(self) -> None:
         """Embedded NATS / PostgreSQL unless the environment names servers; the database exists."""
-        if not self.env.get("KARIOS_NATS_URL"):
+        if self.cluster and not self.env.get("KARIOS_NATS_URL"):
+            self._start_nats_cluster()
+        elif not self.env.get("KARIOS_NATS_URL"):
             self.nats = EmbeddedNats(self.state)
             self.env["KARIOS_NATS_URL"] = self.nats.start()
         if not self.env.get("KARIOS_DATABASE_URL"):
@@ -154,27 +163,55 @@ class Up:
 
         asyncio.run(ensure_database(self.env["KARIOS_DATABASE_URL"]))
 
+    def _start_nats_cluster(self) -> None:
+        """N nats-servers routed to each other; every service gets all N URLs (nats-py moves to
+        another server when its own dies) and streams replicated on min(N, 3) of them."""
+        nodes = nats_cluster(self.state, self.cluster)
+        for node in nodes:
+            self.nats_sup.add(
+                Child(
+                    node.name,
+                    node.argv(nodes),
+                    self.logs / f"{node.name}.log",
+                    node.ready_url,
+                    policy=CrashPolicy(max_crashes=self.args.max_crashes, window=self.args.crash_window),
+                )
+            )
+        self.nats_sup.start_all()
+        deadline = time.monotonic() + self.args.timeout
+        for child in self.nats_sup.children.values():
+            assert child.proc is not None
+            _wait_ready(child.ready_url, child.proc, deadline)
+        self.env["KARIOS_NATS_URL"] = ",".join(n.url for n in nodes)
+        self.env.setdefault("KARIOS_BUS_REPLICAS", str(min(3, self.cluster)))
+        print(f"  NATS cluster of {self.cluster} ready ({self.env['KARIOS_NATS_URL']})", flush=True)
+
     def _add_services(self) -> tuple[str, dict[str, str]]:
-        """One supervised child per service; returns the host and each service's base URL."""
+        """One supervised child per service replica (replica 1 on the configured port, the others
+        on free ones, named ``<service>-<n>``); returns the host and each child's base URL."""
         from karios.common.settings import KariosSettings
 
         settings = KariosSettings(_env_file=None, **{"dev_mode": True})  # ports/host as configured
         host = self.env.get("KARIOS_HOST", settings.host)
         urls = {}
         for name, spec in SERVICES.items():
-            port = int(
-                self.env.get(f"KARIOS_{spec.port_setting.upper()}", getattr(settings, spec.port_setting))
-            )
-            urls[name] = f"http://{host}:{port}"
-            self.sup.add(
-                Child(
-                    name,
-                    [sys.executable, "-m", "karios.cli", "run", name],
-                    self.logs / f"{name}.log",
-                    f"{urls[name]}/readyz",
-                    policy=CrashPolicy(max_crashes=self.args.max_crashes, window=self.args.crash_window),
+            var = f"KARIOS_{spec.port_setting.upper()}"
+            for n in range(1, self.replicas + 1):
+                port = int(self.env.get(var, getattr(settings, spec.port_setting))) if n == 1 else free_port()
+                child = name if n == 1 else f"{name}-{n}"
+                urls[child] = f"http://{host}:{port}"
+                self.sup.add(
+                    Child(
+                        child,
+                        [sys.executable, "-m", "karios.cli", "run", name],
+                        self.logs / f"{child}.log",
+                        f"{urls[child]}/readyz",
+                        policy=CrashPolicy(max_crashes=self.args.max_crashes, window=self.args.crash_window),
+                        env={var: str(port)},
+                    )
                 )
-            )
+        if self.replicas > 1:
+            (self.state / "replicas.json").write_text(json.dumps(urls, indent=1) + "\n")
         return host, urls
 
     def _wait_all_ready(self, urls: dict[str, str]) -> bool:
@@ -193,6 +230,7 @@ class Up:
         """Restart crashed children until a crash loop (exit 1) or a signal (KeyboardInterrupt)."""
         while True:
             try:
+                self.nats_sup.poll()
                 self.sup.poll()
             except CrashLoop:
                 self.shutdown()

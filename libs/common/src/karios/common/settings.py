@@ -33,6 +33,13 @@ class KariosSettings(BaseSettings):
     database_url: str = Field(
         "postgresql+asyncpg://postgres@127.0.0.1:5432/karios", description="PostgreSQL URL (asyncpg)."
     )
+    bus_replicas: int = Field(
+        1,
+        ge=1,
+        le=5,
+        description="Servers each JetStream stream is stored on: 1, or 3 on a 3-node NATS cluster "
+        "(applied at start: an existing stream is scaled to it).",
+    )
     bus_prefix: str = Field("karios", description="Subject prefix; stream names derive from it.")
     secret_key: SecretStr = Field(
         SecretStr(DEV_SECRET_KEY), description="Base64 32-byte AES-256-GCM key for secrets at rest."

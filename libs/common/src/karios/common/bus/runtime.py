@@ -94,6 +94,7 @@ class Bus:
     retry_delay: float = 2.0
     ack_wait: float = 60.0
     request_timeout: float = 5.0
+    replicas: int = 1
     broker: NatsBroker = field(init=False)
     _consumers: list[tuple[str, ConsumerConfig]] = field(default_factory=list, init=False)
     _pulls: list[PullConsumer[Any]] = field(default_factory=list, init=False)
@@ -144,13 +145,14 @@ class Bus:
             max_deliver=settings.max_deliver,
             retry_delay=settings.retry_delay,
             request_timeout=settings.request_timeout,
+            replicas=getattr(settings, "bus_replicas", 1),
         )
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
         await self.broker.connect()
         js = self.js
-        await ensure_streams(js, self.subjects)
+        await ensure_streams(js, self.subjects, self.replicas)
         for stream, cfg in self._consumers:
             await reconcile_consumer(js, stream, cfg)
         await self.broker.start()

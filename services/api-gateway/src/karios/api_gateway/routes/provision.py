@@ -11,7 +11,7 @@ import json
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 from sqlmodel import select
 
@@ -20,40 +20,27 @@ from karios.api_gateway.models import (
     NO_EFFECT,
     Accepted,
     BmcIpBody,
-    CompleteBody,
-    FirstbootBody,
-    JobPatch,
     ProvisionRequest,
-    StepBody,
     UnprovisionBody,
 )
 from karios.api_gateway.outbox import CommandOutbox
 from karios.api_gateway.readmodel import (
-    JobOut,
     JobRow,
     ProgressOut,
     ProvisionProgress,
-    end_job,
-    job_json,
     progress_json,
 )
 from karios.common.contracts.inventory import BmcHardware, BmcHardwareQuery
 from karios.common.contracts.provision import (
-    CallbackRequest,
-    CancelJob,
-    JobView,
     ProvisionSpec,
     QueueQuery,
     StartProvision,
 )
 from karios.common.crypto import SecretBox
-from karios.common.errors import Conflict, NotFound
-from karios.common.http import ErrorResponse
+from karios.common.errors import NotFound
 from karios.common.limits import Ident
 from karios.common.provisioning import (
     TERMINAL_STATES,
-    bound_log,
-    bound_message,
     refuse_second_job,
     validate_provision,
     validate_unprovision,
@@ -243,172 +230,6 @@ async def queue(request: Request, _p: Principal = Depends(require(Role.viewer)))
         "queued": sum(1 for e in entries if e["position"]),
         "active": sum(1 for e in entries if not e["position"]),
     }
-
-
-async def _job(request: Request, job_id: str) -> JobRow:
-    async with _db(request).session() as s:
-        row = await s.get(JobRow, job_id)
-    if row is None:
-        raise NotFound(f"no job {job_id}")
-    return row
-
-
-@router.get(
-    "/job/{id}",
-    response_model=JobOut,
-    responses={404: {"description": "No such job"}},
-    summary="Get Job Status",
-)
-async def get_job(id: JobId, request: Request, _p: Principal = Depends(require(Role.viewer))) -> dict:
-    return job_json(await _job(request, id))
-
-
-@router.patch(
-    "/job/{id}",
-    response_model=JobOut,
-    responses={404: {"description": "No such job"}},
-    summary="Patch Job Status (metadata, resource_name)",
-)
-async def patch_job(
-    id: JobId,
-    body: JobPatch,
-    request: Request,
-    _p: Principal = Depends(require(Role.operator)),
-) -> dict:
-    async with _db(request).session() as s, s.begin():
-        row = await s.get(JobRow, id, with_for_update=True)
-        if row is None:
-            raise NotFound(f"no job {id}")
-        if body.metadata is not None:
-            row.metadata_ = body.metadata if isinstance(body.metadata, str) else json.dumps(body.metadata)
-        if body.resource_name is not None:
-            row.resource_name = body.resource_name
-    return job_json(row)
-
-
-@router.post(
-    "/job/{id}/cancel",
-    response_model=JobView,
-    responses={
-        404: {"description": "No such job"},
-        409: {"description": "The job has already ended (failed or completed); `message` says how"},
-    },
-    summary="Cancel a running provision job (idempotent)",
-)
-async def cancel(id: JobId, request: Request, _p: Principal = Depends(require(Role.operator))) -> JobView:
-    # The provisioner cancels its job; a job only the gateway knows is answered from the read
-    # model: 409 naming its end if it has ended (e.g. its command was dead-lettered), else it
-    # never reached a provisioner and is cancelled here (the BMC is free again).
-    rt = request.app.state.runtime
-    try:
-        return await rt.bus.request(
-            rt.bus.subjects.request("provision", "cancel"), CancelJob(job_id=id), reply=JobView
-        )
-    except NotFound:
-        row = await _job(request, id)  # 404 only when the gateway never had the job either
-    if row.job_status in TERMINAL_STATES:
-        raise Conflict(
-            f"job {id} already {row.job_status}: {row.message}",
-            details={"job_id": id, "job_status": row.job_status},
-        )
-    ev = await end_job(
-        rt.bus, row, "cancelled by operator (the job never reached a provisioner)", "cancelled"
-    )
-    return JobView(job_id=id, bmc_ip=row.bmc_ip, state=ev.state, status=ev.status, message=ev.message)
-
-
-# Installer callbacks (job token, no operator auth). No existence oracle: an unknown job or BMC
-# answers exactly like a wrong token (401); 404/409 only reach a caller holding a valid token.
-_CALLBACK = {
-    401: {
-        "model": ErrorResponse,
-        "description": "Missing or wrong job token, or no such job/BMC (same answer)",
-    },
-    404: {"model": ErrorResponse, "description": "Never for an unknown job or BMC (those answer 401)"},
-    409: {
-        "model": ErrorResponse,
-        "description": "The job has ended, was superseded, or has not finished installing",
-    },
-    422: {"model": ErrorResponse, "description": "Invalid field (named in `field`)"},
-    503: {"model": ErrorResponse, "description": "Provisioner unavailable"},
-}
-
-
-def installer_token(
-    x_karios_job_token: str | None = Header(None, description="The job token baked into the boot medium"),
-    token: str | None = Query(None, description="The job token (for installers that cannot set headers)"),
-) -> str:
-    """Installer callbacks authenticate with their job's token, not an operator token."""
-    return x_karios_job_token or token or ""
-
-
-@router.post(
-    "/job/{id}/step",
-    response_model=JobView,
-    responses=_CALLBACK,
-    summary="Installer step report (job token, no operator auth)",
-    description="A step naming a stage of the job's install method gets its label and percentage; "
-    '`state: "failed"` fails the job at once with "<stage label>: <message>" and keeps `log` as the '
-    "job's `log_tail`.",
-)
-async def step(
-    id: JobId,
-    body: StepBody,
-    request: Request,
-    job_token: str = Depends(installer_token),
-) -> JobView:
-    rt = request.app.state.runtime
-    req = CallbackRequest(
-        job_id=id,
-        token=job_token,
-        step=body.step,
-        state=body.state,
-        percent=body.percent,
-        message=bound_message(body.message),
-        log=bound_log(body.log),
-    )
-    return await rt.bus.request(rt.bus.subjects.request("provision", "step"), req, reply=JobView)
-
-
-@router.post(
-    "/job/{id}/complete",
-    response_model=JobView,
-    responses=_CALLBACK,
-    summary="Installer reports the OS installed (job token)",
-)
-async def complete(
-    id: JobId,
-    body: CompleteBody,
-    request: Request,
-    job_token: str = Depends(installer_token),
-) -> dict:
-    rt = request.app.state.runtime
-    box: SecretBox = request.app.state.secret_box
-    req = CallbackRequest(
-        job_id=id,
-        token=job_token,
-        os_ip=body.os_ip,
-        os_password_enc=box.encrypt(body.os_password, context=f"os-job:{id}") if body.os_password else None,
-        message=bound_message(body.message),
-        log=bound_log(body.log),
-    )
-    return await rt.bus.request(rt.bus.subjects.request("provision", "complete"), req, reply=JobView)
-
-
-@router.post(
-    "/firstboot",
-    response_model=JobView,
-    responses=_CALLBACK,
-    summary="Installed OS reports its IP on first boot (job token); registers it as a compute node",
-)
-async def firstboot(
-    body: FirstbootBody,
-    request: Request,
-    job_token: str = Depends(installer_token),
-) -> dict:
-    rt = request.app.state.runtime
-    req = CallbackRequest(token=job_token, bmc_ip=str(body.bmc_ip), os_ip=str(body.os_ip))
-    return await rt.bus.request(rt.bus.subjects.request("provision", "firstboot"), req, reply=JobView)
 
 
 @router.post(
