@@ -23,13 +23,15 @@ import httpx
 import pytest
 
 from tests.fixtures.chaos import KariosUp, state_dir
-from tests.fixtures.provision import write_inventory
+from tests.fixtures.provision import medium_token, write_inventory
 from tests.fixtures.wait import wait_until_sync
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
 import fabric_lab
 
+# The module's setup waits for the fabric lab (one per host, serialised by a lock) and `karios up`.
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 CI = os.environ.get("CI", "").lower() == "true"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 SHOTS = Path(os.environ.get("KARIOS_SCREENSHOTS", "/tmp/karios-console-screenshots"))
@@ -208,7 +210,7 @@ def test_login_provision_to_booting_and_cancel(system: KariosUp, browser) -> Non
 
     job_id = provision_from_console(d, BMCS[0], "console-a")
     wait_until_sync(
-        lambda: job_state(d) in ("booting", "installing"),
+        lambda: job_state(d) == "booting",
         timeout=150,
         interval=0.5,
         what="the job page to show booting",
@@ -217,6 +219,22 @@ def test_login_provision_to_booting_and_cancel(system: KariosUp, browser) -> Non
     assert "Booting" in stages and "Building ISO" in stages, stages
     assert d.execute_script("return document.body.dataset.sse") == "open"
     shot(d, "02-job-booting")
+
+    # The installer reports a stage with its log (as the real one does, with the medium's token):
+    # the open page shows the new stage and the log tail without a reload.
+    iso = next(system.state.rglob(f"{job_id}.iso"))
+    token, _ = medium_token(iso)
+    r = httpx.post(
+        f"{system.url()}/controlnode/job/{job_id}/step",
+        json={"step": "partitioning", "state": "active", "log": ["mkfs.ext4 /dev/sda2", "console-log-line"]},
+        headers={"X-Karios-Job-Token": token},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    wait_until_sync(lambda: "console-log-line" in (texts(d, "#log-tail") or [""])[0], timeout=30,
+                    what="the log tail on the open job page")  # fmt: skip
+    assert job_state(d) == "installing"
+    shot(d, "02b-job-installer-log")
 
     other = provision_from_console(d, BMCS[1], "console-b")
     assert other != job_id

@@ -6,7 +6,8 @@ JetStream stream (DLQ included), every log file and a ``pg_dumpall`` of the data
 The run: `karios up` (embedded NATS + PostgreSQL, file inventory of one BMC) with the master key,
 admin token, bootapi provision token, NetBox token, webhook secret, default BMC password and the
 fabric SSH key set to distinctive random values; then an API token is created (its creation answer
-is the one place it may appear), a node is registered with BMC and OS passwords, the fabric config
+is the one place it may appear), a node is registered with BMC and OS passwords, another is
+adopted with an SSH password and private key (nothing listens on its port: 502), the fabric config
 gets a BGP password and an OSPF key and is applied (the node's SSH port is closed: the apply fails
 after decrypting), a provision runs against the Redfish emulator (whose password is the registered
 BMC password) until the installer, played by the test with the job token read from the medium,
@@ -33,7 +34,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.fixtures.apps import REQUIRE
+from tests.fixtures.apps import REQUIRE, free_port
 from tests.fixtures.chaos import KariosUp, state_dir
 from tests.fixtures.fabric import BASE
 from tests.fixtures.provision import medium_token
@@ -42,17 +43,27 @@ from tests.fixtures.wait import wait_until
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
 
 NO_SPACE = '+/&"%='
-BMC, NODE_IP = "10.96.0.7", "127.0.3.41"  # the node's SSH port is closed: apply fails, reaches no peer
+BMC, NODE_IP, ADOPT_IP = (
+    "10.96.0.7",
+    "127.0.3.41",
+    "127.0.0.1",
+)  # the node's SSH port is closed: apply fails, reaches no peer
 
 
-def _ssh_key(path: Path) -> str:
-    """Write a fresh ed25519 private key; its last base64 line (private material) is the secret."""
+def _private_key() -> tuple[str, str]:
+    """A fresh ed25519 private key (OpenSSH text) and its last base64 line (private material)."""
     import asyncssh
 
     text = asyncssh.generate_private_key("ssh-ed25519").export_private_key().decode()
+    return text, [line for line in text.splitlines() if line and not line.startswith("-----")][-1]
+
+
+def _ssh_key(path: Path) -> str:
+    """Write a fresh private key file; the secret to search for."""
+    text, private = _private_key()
     path.write_text(text)
     path.chmod(0o600)
-    return [line for line in text.splitlines() if line and not line.startswith("-----")][-1]
+    return private
 
 
 def _env(root: Path, emu: RedfishEmulator, s: dict[str, str]) -> dict[str, str]:
@@ -94,6 +105,7 @@ def _secrets(root: Path) -> dict[str, str]:
         "root_pass": secret("root"),
         "provision_os_password": secret("provos"),
         "complete_os_password": secret("cplos"),
+        "node_ssh_password": secret("nodepw"),  # POST /controlnode/nodes (adoption)
         "wrong_bearer": f"kt_wrong{pysecrets.token_hex(12)}",
         "wrong_access_token": f"kt_wrongq{pysecrets.token_hex(12)}",
         "wrong_job_token": f"jt{pysecrets.token_hex(12)}",
@@ -169,6 +181,12 @@ async def _run(up: KariosUp, emu: RedfishEmulator, s: dict[str, str], responses:
         r = await c.post("/controlnode/register", json={**reg, "os_ip": "not-an-ip"})
         assert r.status_code == 422, r.text
         assert (await c.post("/controlnode/register", json=reg)).status_code in (200, 201)
+
+        key_text, s["node_ssh_key"] = _private_key()
+        adopt = {"node_ip": ADOPT_IP, "ssh_port": free_port(), "ssh_username": "root",
+                 "ssh_password": s["node_ssh_password"], "ssh_private_key": key_text}  # fmt: skip
+        r = await c.post("/controlnode/nodes", json=adopt)
+        assert r.status_code == 502, r.text  # nothing listens: NODE_UNREACHABLE, nothing stored
 
         fabric = {**BASE, "bgp_password": s["bgp_password"], "ospf_auth_type": "message-digest",
                   "ospf_auth_key_id": 7, "ospf_fabric_interface": "eth1"}  # fmt: skip

@@ -73,7 +73,7 @@ def lab():
         if CI:
             pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
         pytest.skip(reason)
-    with fabric_lab.FabricLab(n_nodes=3, prefix="kd") as lab:
+    with fabric_lab.FabricLab(n_nodes=3, prefix="kdf") as lab:
         yield lab
 
 

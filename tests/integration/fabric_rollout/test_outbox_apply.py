@@ -66,7 +66,7 @@ def lab():
         if CI:
             pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
         pytest.skip(reason)
-    with fabric_lab.FabricLab(n_nodes=3, prefix="ko") as lab:
+    with fabric_lab.FabricLab(n_nodes=3, prefix="kob") as lab:
         yield lab
 
 

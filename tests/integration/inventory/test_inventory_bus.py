@@ -240,7 +240,7 @@ async def test_webhook_checks_the_signature_and_emits_device_changed(settings, i
             assert r.status_code == 202 and r.json()["accepted"] is True
             msg = await asyncio.wait_for(got.get(), 5)
             assert json.loads(msg.data)["data"]["device_id"] == 2
-            other = json.dumps({"event": "created", "object_type": "dcim.site", "data": {"id": 1}}).encode()
+            other = json.dumps({"event": "created", "object_type": "extras.tag", "data": {"id": 1}}).encode()
             r = await c.post(url, content=other, headers={"X-Hook-Signature": sign(other, WEBHOOK_SECRET)})
             assert r.status_code == 202 and r.json()["accepted"] is False
             junk = b"not json"

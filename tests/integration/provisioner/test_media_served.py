@@ -107,6 +107,11 @@ async def test_the_emulator_boots_each_jobs_patched_medium(stack, tmp_path):
         assert (await p.get(f"/media/{jobs[0]}.iso")).status_code == 404
         assert (await p.head(f"/media/{jobs[1]}.iso")).status_code == 404
         assert (await p.get("/media/..%2Fetc.iso")).status_code == 404
+        legacy = stack.cfg.media_dir / "legacy-job.iso"  # written per job before slots existed
+        legacy.write_bytes(b"whole old medium")
+        old = await p.get("/media/legacy-job.iso", headers={"Range": "bytes=6-8"})
+        assert old.status_code == 206 and old.content == b"old"
+        legacy.unlink()
     assert not any(has_medium(stack.cfg.media_dir, j) for j in jobs)
     for sid in emu.system_ids[:2]:
         await wait_bmc_clean(emu, sid)

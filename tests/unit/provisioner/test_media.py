@@ -207,3 +207,14 @@ def test_a_lost_base_or_a_foreign_file_is_no_medium(builder, tmp_path):
     assert fresh.open("job-bad") is None and fresh.open("job-none") is None
     other_cache = MediaBuilder(tmp_path / "empty-cache", tmp_path / "media")
     assert other_cache.open("job-ok") is None  # its base is not in this cache: 404, never garbage
+
+
+def test_a_legacy_per_job_iso_is_found_and_removed_with_its_job(builder, tmp_path):
+    """Upgrade: an ISO written per job before slots existed is still served, and goes with its job."""
+    fresh = MediaBuilder(builder.cache_dir, tmp_path / "media")
+    (tmp_path / "media").mkdir()
+    old = tmp_path / "media" / "job-old.iso"
+    old.write_bytes(b"old medium")
+    assert fresh.open("job-old") is None and fresh.legacy_iso("job-old") == old
+    fresh.remove("job-old")
+    assert not old.exists() and fresh.legacy_iso("job-old") is None

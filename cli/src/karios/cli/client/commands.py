@@ -18,7 +18,7 @@ from rich.table import Table
 
 from karios.cli.client.api import Api, CliError
 from karios.cli.client.context import ClientContext, load_context, save_context
-from karios.cli.client.fabric_diff import fetch_diff, print_diff
+from karios.cli.client.fabric_diff import fetch_diff, preview, show_diff
 from karios.cli.client.sse import stream
 from karios.cli.client.watch import watch_fabric, watch_jobs
 
@@ -326,11 +326,7 @@ def fabric_preflight(pairs: Pairs = [], file: FileOpt = None) -> None:  # noqa: 
 def fabric_diff(node: Annotated[str, typer.Option(help="only this node (its OS IP)")] = "") -> None:
     """What an apply would change on each node (FRR files, links); nothing is changed."""
     with api() as a:
-        view = fetch_diff(a, node)
-    if STATE["output"] == "json":
-        emit(view)
-    else:
-        print_diff(view, console)
+        show_diff(fetch_diff(a, node), console, as_json=STATE["output"] == "json")
 
 
 @fabric_app.command("apply")
@@ -343,15 +339,8 @@ def fabric_apply(
 ) -> None:
     """Show each node's diff, ask (unless --yes), then roll the fabric out to every node."""
     with api() as a:
-        view = fetch_diff(a)
-        if STATE["output"] != "json":
-            print_diff(view, console)
-        if not view.get("changed") and not view.get("nodes_failed") and not force:
-            if STATE["output"] == "json":
-                emit(view)
-            else:
-                console.print("no change on any node: nothing applied (--force applies anyway)")
-            return
+        if not preview(fetch_diff(a), console, as_json=STATE["output"] == "json", force=force):
+            return  # no node would change
         if not yes and not typer.confirm("Apply the fabric configuration to every registered node?"):
             raise typer.Exit(1)
         acc = a.post("/controlnode/fabric-config/apply", params={"force": "true"} if force else None)

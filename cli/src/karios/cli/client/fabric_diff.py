@@ -4,6 +4,8 @@ worker) and links (vtep0, vxlanN, brN), from ``POST /controlnode/fabric-config/d
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -51,3 +53,25 @@ def print_diff(view: dict[str, Any], console: Console) -> None:
         f"{view.get('nodes_changed', 0)} of {view.get('nodes_total', 0)} node(s) would change"
         + (f", {view['nodes_failed']} could not be checked" if view.get("nodes_failed") else "")
     )
+
+
+def show_diff(view: dict[str, Any], console: Console, *, as_json: bool) -> None:
+    """``karios fabric diff``: the preview, or the gateway's JSON as is (``--output json``)."""
+    if as_json:
+        sys.stdout.write(json.dumps(view, indent=2, default=str) + "\n")
+    else:
+        print_diff(view, console)
+
+
+def preview(view: dict[str, Any], console: Console, *, as_json: bool, force: bool) -> bool:
+    """Before ``karios fabric apply``: print the preview; False = no node would change (and none
+    failed to be checked), so there is nothing to apply unless `force`."""
+    if not as_json:
+        print_diff(view, console)
+    if view.get("changed") or view.get("nodes_failed") or force:
+        return True
+    if as_json:
+        sys.stdout.write(json.dumps(view, indent=2, default=str) + "\n")
+    else:
+        console.print("no change on any node: nothing applied (--force applies anyway)")
+    return False

@@ -118,6 +118,9 @@ def error_from_dict(body: dict[str, Any]) -> KariosError:
     err = cls(str(body.get("message", "")), field=body.get("field"), details=body.get("details"))
     if cls is InternalError and body.get("code"):
         err.code = str(body["code"])  # type: ignore[misc]
+        err.retryable = bool(body.get("retryable", False))  # type: ignore[misc]
+        if isinstance(body.get("http_status"), int) and 400 <= body["http_status"] <= 599:
+            err.http_status = body["http_status"]  # type: ignore[misc]
     return err
 
 

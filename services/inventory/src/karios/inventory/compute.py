@@ -8,13 +8,14 @@ from __future__ import annotations
 import ipaddress
 from datetime import UTC, datetime
 
+import sqlalchemy as sa
 from sqlmodel import delete, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from karios.common.contracts.inventory import NodeAccess
 from karios.common.contracts.nodes import ComputeNode, NodeCredentials
 from karios.inventory import registry
-from karios.inventory.models import BmcInfo, ComputeNodeRow
+from karios.inventory.models import SCHEMA, BmcInfo, ComputeNodeRow
 
 
 def _ip_order(ip: str) -> tuple[int, int | str]:
@@ -87,6 +88,48 @@ async def node_set(session: AsyncSession) -> list[tuple[ComputeNodeRow | None, B
         linked = by_ip.get(c.node_ip, (None, None))[1]
         by_ip[c.node_ip] = (c, linked)
     return [by_ip[ip] for ip in sorted(by_ip, key=_ip_order)]
+
+
+Pair = tuple[ComputeNodeRow | None, BmcInfo | None]
+
+# The node set's addresses in node_set's order (IPv4 before IPv6, numerically; anything else
+# last), counted and sliced in PostgreSQL: a page or one node costs that, not the whole set.
+_ADDRESSES = (
+    "(SELECT node_ip AS ip FROM inventory.compute_nodes UNION "
+    "SELECT os_ip FROM inventory.bmc_infos WHERE os_ip IS NOT NULL AND os_ip <> '') s"
+)
+_PAGE = sa.text(
+    "SELECT ip, count(*) OVER () AS total FROM " + _ADDRESSES + " "  # noqa: S608 (constants only)
+    "ORDER BY CASE WHEN ip ~ '^[0-9A-Fa-f:.]+$' THEN ip::inet END NULLS LAST, ip OFFSET :o LIMIT :l"
+)
+_COUNT = sa.text("SELECT count(*) FROM " + _ADDRESSES)  # noqa: S608 (constants only)
+assert SCHEMA == "inventory"  # the schema of the statements above
+
+
+async def _pairs(session: AsyncSession, ips: list[str]) -> list[Pair]:
+    """(compute row, registry row) of each address, as node_set pairs them."""
+    rows = await session.exec(select(ComputeNodeRow).where(ComputeNodeRow.node_ip.in_(ips)))  # type: ignore[attr-defined]
+    compute_rows = {c.node_ip: c for c in rows.all()}
+    linked: dict[str, BmcInfo] = {}
+    query = select(BmcInfo).where(BmcInfo.os_ip.in_(ips)).order_by(BmcInfo.bmc_ip)  # type: ignore[union-attr]
+    for b in (await session.exec(query)).all():
+        linked[str(b.os_ip)] = b  # the last by BMC address wins, as in node_set
+    return [(compute_rows.get(ip), linked.get(ip)) for ip in ips]
+
+
+async def node_page(session: AsyncSession, offset: int, limit: int) -> tuple[list[Pair], int]:
+    """One page of node_set (same order, same pairs) and the size of the whole set."""
+    result = (await session.execute(_PAGE, {"o": offset, "l": limit})).all()
+    if not result and offset:  # past the end: the total still counts
+        total = (await session.execute(_COUNT)).scalar_one()
+        return [], int(total)
+    return await _pairs(session, [r.ip for r in result]), int(result[0].total) if result else 0
+
+
+async def node_of(session: AsyncSession, node_ip: str) -> Pair | None:
+    """The node_set pair of one address, or None."""
+    pair = (await _pairs(session, [node_ip]))[0]
+    return None if pair == (None, None) else pair
 
 
 def to_view(pair: tuple[ComputeNodeRow | None, BmcInfo | None]) -> ComputeNode:

@@ -149,17 +149,15 @@ class InventoryService:
 
     async def compute_nodes(self, q: ComputeNodesQuery) -> ComputeNodePage:
         async with self.db.session() as session:
-            pairs = await compute.node_set(session)
-        items = [compute.to_view(p) for p in pairs[q.offset : q.offset + q.limit]]
-        return ComputeNodePage(items=items, total=len(pairs), offset=q.offset, limit=q.limit)
+            pairs, total = await compute.node_page(session, q.offset, q.limit)
+        items = [compute.to_view(p) for p in pairs]
+        return ComputeNodePage(items=items, total=total, offset=q.offset, limit=q.limit)
 
     async def compute_node(self, q: ComputeNodeQuery) -> ComputeNode:
         async with self.db.session() as session:
-            pairs = await compute.node_set(session)
-        for p in pairs:
-            node = compute.to_view(p)
-            if node.node_ip == q.node_ip:
-                return node
+            pair = await compute.node_of(session, q.node_ip)
+        if pair is not None:
+            return compute.to_view(pair)
         raise NotFound(f"node_ip: no compute node with address {q.node_ip}", field="node_ip")
 
     async def remove_compute_node(self, cmd: RemoveComputeNode) -> ComputeNode:

@@ -80,9 +80,12 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
     )
     async def get_media(name: str, request: Request) -> Response:
         served = await asyncio.to_thread(media.open, name) if _NAME.match(name) else None
-        if served is None:
+        if served is not None:
+            return medium_response(served, request, f"{name}.iso")
+        legacy = media.legacy_iso(name) if _NAME.match(name) else None
+        if legacy is None:
             raise NotFound(f"no medium {name}")
-        return medium_response(served, request, f"{name}.iso")
+        return FileResponse(legacy, media_type="application/x-iso9660-image", filename=f"{name}.iso")
 
     @app.get(
         "/images/{path:path}",

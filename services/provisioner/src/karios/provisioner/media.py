@@ -176,6 +176,8 @@ class MediaBuilder:
             with os.fdopen(fd, "wb") as f:
                 f.write(record)
             os.replace(tmp, final)
+            if self._removed.get(name, -1) > started:  # removed between the check and the rename
+                final.unlink(missing_ok=True)
             return final
         finally:
             self._building.pop(name, None)
@@ -205,11 +207,17 @@ class MediaBuilder:
         self._layouts[key] = layout
         return ServedMedium(base, layout, payload, max(record_mtime, base.stat().st_mtime))
 
+    def legacy_iso(self, name: str) -> Path | None:
+        """A whole per-job ISO written before slots existed (served until its job ends)."""
+        path = self.media_dir / f"{name}.iso"
+        return path if path.is_file() else None
+
     def remove(self, name: str) -> None:
         if name in self._building:
             self._removed[name] = next(self._ticks)
-        with contextlib.suppress(FileNotFoundError):
-            self.path_of(name).unlink()
+        for path in (self.path_of(name), self.media_dir / f"{name}.iso"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
 
 def _stamp(p: Path) -> list[int]:

