@@ -151,6 +151,19 @@ def provision(gateways: list[str], token: str, ip: str) -> str:
     raise AssertionError(f"provision {ip} never accepted")
 
 
+def diagnose(up: KariosUp, emu: RedfishEmulator, gateway: str, jobs: list[str], mark: int) -> str:
+    """What a failed wait shows: each job's state, its BMC's resets, the services' errors."""
+    lines = []
+    for job, sid in zip(jobs, emu.system_ids, strict=True):
+        status, raw, _ = http_get(f"{gateway}/controlnode/job/{job}", up.token)
+        state = json.loads(raw).get("job_status") if status == 200 else status
+        lines.append(f"{job} {state} resets={resets_seen(emu, sid, mark)}")
+    for log in sorted((up.state / "logs").glob("*.log")):
+        errors = [ln for ln in log.read_text(errors="replace").splitlines() if '"error"' in ln or "ERR" in ln]
+        lines += [f"{log.name}: {ln[:300]}" for ln in errors[-5:]]
+    return "\n".join([*lines, up.text()[-3000:]])
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[KariosUp, RedfishEmulator, dict[str, str]]]:
     emu = RedfishEmulator([fake_system(f"cl{i}") for i in range(HOSTS)]).start()
@@ -244,12 +257,15 @@ def test_nothing_is_lost_when_a_nats_node_and_a_replica_of_each_service_die(clus
     assert len(set(jobs)) == HOSTS
 
     # Every BMC reset once; then no second reset arrives while the restarted replicas catch up.
-    wait_until_sync(
-        lambda: all(resets_seen(emu, sid, log_mark) >= 1 for sid in emu.system_ids),
-        timeout=180,
-        interval=1,
-        what="a reset of every BMC",
-    )
+    try:
+        wait_until_sync(
+            lambda: all(resets_seen(emu, sid, log_mark) >= 1 for sid in emu.system_ids),
+            timeout=180,
+            interval=1,
+            what="a reset of every BMC",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{diagnose(up, emu, gateways[1], jobs, log_mark)}") from None
     all_reset = time.monotonic() - t0
     time.sleep(10)
     resets = {sid: resets_seen(emu, sid, log_mark) for sid in emu.system_ids}

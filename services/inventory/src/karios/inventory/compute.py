@@ -119,9 +119,9 @@ async def _pairs(session: AsyncSession, ips: list[str]) -> list[Pair]:
 
 async def node_page(session: AsyncSession, offset: int, limit: int) -> tuple[list[Pair], int]:
     """One page of node_set (same order, same pairs) and the size of the whole set."""
-    result = (await session.execute(_PAGE, {"o": offset, "l": limit})).all()
+    result = (await session.exec(_PAGE, params={"o": offset, "l": limit})).all()  # type: ignore[call-overload]
     if not result and offset:  # past the end: the total still counts
-        total = (await session.execute(_COUNT)).scalar_one()
+        total = (await session.exec(_COUNT)).scalar_one()  # type: ignore[call-overload]
         return [], int(total)
     return await _pairs(session, [r.ip for r in result]), int(result[0].total) if result else 0
 
