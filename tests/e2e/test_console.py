@@ -222,8 +222,7 @@ def test_login_provision_to_booting_and_cancel(system: KariosUp, browser) -> Non
 
     # The installer reports a stage with its log (as the real one does, with the medium's token):
     # the open page shows the new stage and the log tail without a reload.
-    iso = next(system.state.rglob(f"{job_id}.iso"))
-    token, _ = medium_token(iso)
+    token, _ = medium_token(f"{system.url('provisioner')}/media/{job_id}.iso")
     r = httpx.post(
         f"{system.url()}/controlnode/job/{job_id}/step",
         json={"step": "partitioning", "state": "active", "log": ["mkfs.ext4 /dev/sda2", "console-log-line"]},

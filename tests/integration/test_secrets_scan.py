@@ -209,8 +209,8 @@ async def _run(up: KariosUp, emu: RedfishEmulator, s: dict[str, str], responses:
         job = r.json()["job_id"]
         view = await _job_in(c, job, {"booting", "failed"}, timeout=240)
         assert view["job_status"] == "booting", view  # the emulator accepted the registered password
-        iso = up.state / "provisioner" / "media" / f"{job}.iso"
-        token, _ = medium_token(iso)
+        medium = f"{up.url('provisioner')}/media/{job}.iso"  # as the BMC fetches it
+        token, _ = await asyncio.to_thread(medium_token, medium)
         r = await c.post(f"/controlnode/job/{job}/step", json={"step": "network", "state": "active"},
                          headers={"X-Karios-Job-Token": s["wrong_job_token"]})  # fmt: skip
         assert r.status_code == 401, r.text

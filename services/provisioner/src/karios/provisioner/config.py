@@ -33,6 +33,16 @@ class ProvisionerConfig(BaseSettings):
     build_concurrency: int = Field(2, ge=1, description="Media builds at once (CPU/disk bound)")
     bmc_concurrency: int = Field(16, ge=1, description="BMC operations at once, all BMCs")
     bmc_per_subnet: int = Field(4, ge=1, description="BMC operations at once per /24 of BMC addresses")
+    # Admission control (all replicas, counted in the database): jobs past ``queued`` and not yet
+    # booting (probe, medium, insert, reset) at once, overall and per BMC vendor.
+    admission_overall: int = Field(64, ge=1, description="Jobs doing BMC/media work at once, all vendors")
+    admission_per_vendor: int = Field(32, ge=1, description="Jobs doing BMC/media work at once per vendor")
+    admission_vendors: dict[str, int] = Field(
+        default_factory=dict, description='Per-vendor override of admission_per_vendor, JSON: {"dell": 8}'
+    )
+    admission_interval: float = Field(
+        0.5, gt=0, description="Seconds between admission checks while jobs wait (a local slot frees at once)"
+    )
     stage_deadline: float = Field(1800.0, gt=0, description="Seconds without a step before a job is stuck")
     stuck_check_interval: float = Field(10.0, gt=0)
     # Worker lease (resume after a crash, share work between replicas): a replica renews the

@@ -6,6 +6,8 @@ from typing import Any, Protocol
 
 from karios.common.bus.runtime import Bus
 from karios.common.contracts.provision import (
+    Admission,
+    AdmissionQuery,
     CallbackRequest,
     CancelJob,
     JobView,
@@ -22,6 +24,7 @@ class UseCases(Protocol):
     async def firstboot(self, req: CallbackRequest) -> JobView: ...
     async def cancel(self, req: CancelJob) -> JobView: ...
     async def queue(self) -> list[QueueEntry]: ...
+    async def admission(self) -> Admission: ...
 
 
 def wire(bus: Bus, svc: UseCases) -> None:
@@ -33,9 +36,13 @@ def wire(bus: Bus, svc: UseCases) -> None:
     async def on_queue(_q: QueueQuery) -> list[QueueEntry]:
         return await svc.queue()
 
+    async def on_admission(_q: AdmissionQuery) -> Admission:
+        return await svc.admission()
+
     bus.command_handler("provision", StartProvision, on_start, verb="start", concurrency=8)
     bus.query_responder(subjects.request("provision", "step"), CallbackRequest, svc.step)
     bus.query_responder(subjects.request("provision", "complete"), CallbackRequest, svc.complete)
     bus.query_responder(subjects.request("provision", "firstboot"), CallbackRequest, svc.firstboot)
     bus.query_responder(subjects.request("provision", "cancel"), CancelJob, svc.cancel)
     bus.query_responder(subjects.query("provision", "queue"), QueueQuery, on_queue)
+    bus.query_responder(subjects.query("provision", "admission"), AdmissionQuery, on_admission)

@@ -34,6 +34,7 @@ from opentelemetry import trace
 
 from karios.common.bus.runtime import Bus
 from karios.common.contracts.provision import (
+    Admission,
     CallbackRequest,
     CancelJob,
     JobProgress,
@@ -48,7 +49,8 @@ from karios.common.provisioning import refuse_second_job
 from karios.common.telemetry import current_traceparent, get_logger
 from karios.common.telemetry_http import trace_http_client
 from karios.common.telemetry_tracing import bmc_span_attributes, job_binding, job_span
-from karios.provisioner import callbacks, metrics, upkeep, worker
+from karios.provisioner import admitter, callbacks, metrics, upkeep, worker
+from karios.provisioner.admission import ADMITTED
 from karios.provisioner.bmc import BmcAccessor, driver_of, leave_clean, serial_console_for
 from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.drivers import RedfishDriver
@@ -102,6 +104,7 @@ class JobService:
         self.subnet_sems: dict[str, asyncio.Semaphore] = defaultdict(
             lambda: asyncio.Semaphore(self.cfg.bmc_per_subnet)
         )
+        self.admitter = admitter.Admitter(self)  # admission control: see admission.py
         self._prepared: set[tuple[str, str]] = set()
         self._prepare_lock = asyncio.Lock()
 
@@ -160,6 +163,8 @@ class JobService:
         j = moved.job
         metrics.job_moved(j.job_type, j.vendor, j.state, moved.previous, j.created_at)
         await self.emit(moved.job, fact=fact)
+        if moved.previous in ADMITTED and j.state not in ADMITTED:
+            self.admitter.poke()  # a slot is free
         if is_terminal(moved.job.state):
             self.media.remove(job_id)
             if moved.previous in AT_THE_BMC:
@@ -351,21 +356,10 @@ class JobService:
 
     # -- use cases: queue, stuck sweep ----------------------------------------------------
     async def queue(self) -> list[QueueEntry]:
-        out, pos = [], 0
-        for r in await self.repo.running():
-            queued = r.state == State.queued
-            pos += queued
-            out.append(
-                QueueEntry(
-                    job_id=r.id,
-                    bmc_ip=r.bmc_ip,
-                    job_type=r.job_type,
-                    state=r.state,
-                    position=pos if queued else 0,
-                    created_at=r.created_at.isoformat(),
-                )
-            )
-        return out
+        return await admitter.queue(self)
+
+    async def admission(self) -> Admission:
+        return (await admitter.admission(self))[0]
 
     async def check_stuck(self) -> int:
         return await upkeep.check_stuck(self)
@@ -390,6 +384,7 @@ class JobService:
         """Stop working: a power reset in flight is allowed to finish, everything else is
         cancelled, and (graceful stop) our leases are handed back so another replica resumes
         the jobs at once instead of after the lease expires."""
+        await self.admitter.stop()
         pending = [t for t in self.tasks.values() if not t.done()]
         for t in pending:
             t.cancel()

@@ -113,6 +113,28 @@ class QueueEntry(BaseModel):
     state: str
     position: int  # 1-based among queued jobs; 0 = active
     created_at: str
+    vendor: str = ""
+    # a queued job: why admission control holds it ("overall" | "vendor:<v>"; "" = being admitted)
+    waiting_for: str = ""
+
+
+class AdmissionQuery(Query):
+    TYPE = "karios.provision.admission_query.v1"
+
+
+class AdmissionLimits(BaseModel):
+    overall: int  # jobs doing BMC/media work at once (building_media + mounting), all replicas
+    per_vendor: int
+    vendors: dict[str, int] = Field(default_factory=dict)  # per-vendor overrides of per_vendor
+
+
+class Admission(BaseModel):
+    """Admission control now: the limits and the admitted jobs (all replicas)."""
+
+    limits: AdmissionLimits
+    active: int  # jobs in building_media or mounting
+    active_by_vendor: dict[str, int] = Field(default_factory=dict)
+    queued: int
 
 
 class JobView(BaseModel):

@@ -7,6 +7,7 @@ or ``?token=``), never an operator token.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Annotated, Any
@@ -32,6 +33,7 @@ from karios.api_gateway.readmodel import (
 )
 from karios.common.contracts.inventory import BmcHardware, BmcHardwareQuery
 from karios.common.contracts.provision import (
+    AdmissionQuery,
     ProvisionSpec,
     QueueQuery,
     StartProvision,
@@ -224,11 +226,15 @@ async def progress_all(
 @router.get("/provision/queue", summary="Provision queue status (pending and active entries)")
 async def queue(request: Request, _p: Principal = Depends(require(Role.viewer))) -> dict:
     rt = request.app.state.runtime
-    entries = await rt.bus.request(rt.bus.subjects.query("provision", "queue"), QueueQuery())
+    entries, admission = await asyncio.gather(
+        rt.bus.request(rt.bus.subjects.query("provision", "queue"), QueueQuery()),
+        rt.bus.request(rt.bus.subjects.query("provision", "admission"), AdmissionQuery()),
+    )
     return {
         "entries": entries,
         "queued": sum(1 for e in entries if e["position"]),
         "active": sum(1 for e in entries if not e["position"]),
+        "admission": admission,  # limits + jobs doing BMC/media work now (entries say waiting_for)
     }
 
 

@@ -1,0 +1,71 @@
+"""Admission control, the pure rule (karios.provisioner.admission.plan)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from karios.provisioner.admission import Limits, Waiting, plan
+
+
+def q(*vendors: str) -> list[Waiting]:
+    return [Waiting(f"j{i}", v) for i, v in enumerate(vendors)]
+
+
+def test_admits_oldest_first_up_to_the_overall_limit():
+    out = plan(Limits(overall=2, per_vendor=10), {}, q("dell", "dell", "dell"))
+    assert out == {"j0": "", "j1": "", "j2": "overall"}
+
+
+def test_counts_jobs_already_admitted_by_any_replica():
+    out = plan(Limits(overall=3, per_vendor=10), {"dell": 1, "hpe": 1}, q("dell", "hpe"))
+    assert out == {"j0": "", "j1": "overall"}
+
+
+def test_vendor_limit_holds_a_vendor_but_not_the_others_behind_it():
+    out = plan(Limits(overall=10, per_vendor=1), {"dell": 1}, q("dell", "hpe", "dell", "hpe"))
+    assert out == {"j0": "vendor:dell", "j1": "", "j2": "vendor:dell", "j3": "vendor:hpe"}
+
+
+def test_per_vendor_override():
+    lim = Limits(overall=10, per_vendor=2, vendors={"supermicro": 1})
+    out = plan(lim, {}, q("supermicro", "supermicro", "dell", "dell", "dell"))
+    assert out == {"j0": "", "j1": "vendor:supermicro", "j2": "", "j3": "", "j4": "vendor:dell"}
+
+
+def test_overall_is_reported_before_vendor_when_both_are_full():
+    out = plan(Limits(overall=1, per_vendor=1), {"dell": 1}, q("dell"))
+    assert out == {"j0": "overall"}
+
+
+def test_nothing_waits_when_there_is_room():
+    assert plan(Limits(64, 32), {}, q("dell", "hpe")) == {"j0": "", "j1": ""}
+    assert plan(Limits(64, 32), {"dell": 5}, []) == {}
+
+
+vendors = st.sampled_from(["dell", "hpe", "supermicro", "lenovo", ""])
+
+
+@given(
+    overall=st.integers(1, 20),
+    per_vendor=st.integers(1, 20),
+    active=st.dictionaries(vendors, st.integers(0, 5)),
+    queue=st.lists(vendors, max_size=60),
+)
+def test_never_past_a_limit_and_never_idle_when_a_job_fits(overall, per_vendor, active, queue):
+    lim = Limits(overall, per_vendor)
+    out = plan(lim, active, q(*queue))
+    admitted = [w for w in q(*queue) if out[w.job_id] == ""]
+    total = sum(active.values()) + len(admitted)
+    assert not admitted or total <= overall
+    for v in set(queue):
+        now = active.get(v, 0) + sum(1 for w in admitted if w.vendor == v)
+        assert not any(w.vendor == v for w in admitted) or now <= per_vendor
+    # a job left waiting names a limit that is really full
+    for w in q(*queue):
+        why = out[w.job_id]
+        if why == "overall":
+            assert total >= overall
+        elif why:
+            assert why == f"vendor:{w.vendor}"
+            assert active.get(w.vendor, 0) + sum(1 for a in admitted if a.vendor == w.vendor) >= per_vendor
