@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -64,6 +65,30 @@ async def test_second_post_updates_merging_unsent_fields_and_derives_ebgp(fabric
     body = r.json()
     assert body["created"] is False and body["bgp_mode"] == "ebgp"
     assert body["vxlan_mtu"] == 9000 and body["fabric_switch_name"] == "leaf-01"  # kept
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"bgp_password": "two words"}, "bgp_password"),
+        (
+            {
+                "ospf_auth_type": "message-digest",
+                "ospf_fabric_interface": "eth1",
+                "ospf_auth_key": "k\tey",
+                "ospf_auth_key_id": 3,
+            },
+            "ospf_auth_key",
+        ),
+    ],
+)
+async def test_a_secret_with_whitespace_is_refused_at_once_naming_it(fabric, settings, extra, field):
+    """FRR ends a key at whitespace: refused when stored, not at the next apply (found by fuzzing)."""
+    before = await _rows(settings, "SELECT * FROM fabric.fabric_config")
+    r = await fabric.post({**BASE, **extra})
+    assert r.status_code == 422 and r.json()["field"] == field, r.text
+    assert "whitespace" in r.json()["message"] and "two words" not in r.text and "k\tey" not in r.text
+    assert await _rows(settings, "SELECT * FROM fabric.fabric_config") == before  # nothing written
 
 
 async def test_secrets_are_write_only_encrypted_and_never_logged(fabric, settings, caplog):

@@ -44,6 +44,9 @@ class RuleContext:
     ospf_auth_key_set: bool = False
     ospf_auth_key_len: int = 0
     bgp_password_len: int = 0
+    # FRR's configuration syntax ends a key at whitespace: such a key would be applied truncated.
+    ospf_auth_key_space: bool = False
+    bgp_password_space: bool = False
 
 
 @dataclass(frozen=True)
@@ -300,6 +303,10 @@ def rule_ospf_auth(cfg: FabricConfigFields, ctx: RuleContext) -> list[Violation]
         limit = MD5_KEY_MAX if t == "message-digest" else HMAC_KEY_MAX
         if ctx.ospf_auth_key_len > limit:
             out.append(Violation("ospf_auth_key", f"{t} keys are at most {limit} characters"))
+        if ctx.ospf_auth_key_space:
+            out.append(
+                Violation("ospf_auth_key", "must not contain whitespace (FRR cuts keys there)")
+            )
     if not 1 <= cfg.ospf_auth_key_id <= 255:
         out.append(
             Violation("ospf_auth_key_id", f"{cfg.ospf_auth_key_id} is outside 1..255 ({t} needs a key id)")
@@ -308,9 +315,14 @@ def rule_ospf_auth(cfg: FabricConfigFields, ctx: RuleContext) -> list[Violation]
 
 
 def rule_bgp_password(_cfg: FabricConfigFields, ctx: RuleContext) -> list[Violation]:
+    out = []
     if ctx.bgp_password_len > BGP_PASSWORD_MAX:
-        return [Violation("bgp_password", f"at most {BGP_PASSWORD_MAX} characters (TCP-MD5 key)")]
-    return []
+        out.append(Violation("bgp_password", f"at most {BGP_PASSWORD_MAX} characters (TCP-MD5 key)"))
+    if ctx.bgp_password_space:
+        out.append(
+            Violation("bgp_password", "must not contain whitespace (FRR cuts it there)")
+        )
+    return out
 
 
 def rule_mtu(cfg: FabricConfigFields, ctx: RuleContext) -> list[Violation]:

@@ -77,6 +77,10 @@ def _secret_len(box: SecretBox, token: str | None, context: str) -> int:
     return len(box.decrypt(token, context=context)) if token else 0
 
 
+def _secret_has_space(box: SecretBox, token: str | None, context: str) -> bool:
+    return bool(token) and any(c.isspace() for c in box.decrypt(token, context=context))  # type: ignore[arg-type]
+
+
 def _stored_secrets(req: UpsertFabricConfig, row: FabricConfigRow | None) -> tuple[str | None, str | None]:
     """The (encrypted) BGP password and OSPF key the row keeps after this write."""
     inp = req.config
@@ -115,6 +119,8 @@ async def upsert(session: AsyncSession, req: UpsertFabricConfig, box: SecretBox)
         ospf_auth_key_set=bool(ospf_enc),
         bgp_password_len=_secret_len(box, req.bgp_password_enc, BGP_CONTEXT),
         ospf_auth_key_len=_secret_len(box, ospf_enc, OSPF_CONTEXT),
+        bgp_password_space=_secret_has_space(box, req.bgp_password_enc, BGP_CONTEXT),
+        ospf_auth_key_space=_secret_has_space(box, req.ospf_auth_key_enc, OSPF_CONTEXT),
     )
     rules.check(merged, ctx)
     ack = ackgate.evaluate(stored, merged, inp, caller=req.caller, caller_role=req.caller_role)
