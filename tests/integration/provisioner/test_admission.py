@@ -1,0 +1,87 @@
+"""Admission control on the real stack (gateway, provisioner, NATS, PostgreSQL, sushy-tools).
+
+With ``admission_overall=2`` (and hpe limited to 1), five jobs posted at once: the job table is
+sampled all along and never holds more than 2 jobs past ``queued`` and before ``booting`` (never
+more than 1 of hpe); the queue endpoint says why the others wait; all five reach ``booting``
+and each machine is reset exactly once (the emulator's own log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from tests.fixtures.apps import ADMIN
+from tests.fixtures.provision import resets_seen, wait_job
+
+pytestmark = [pytest.mark.integration, pytest.mark.lab]
+
+ADMITTED_SQL = sa.text(
+    "SELECT vendor, count(*) FROM provision.jobs WHERE id = ANY(:ids) "
+    "AND state IN ('building_media', 'mounting') GROUP BY vendor"
+)
+
+
+def body(ip: str, n: int, vendor: str) -> dict:
+    return {"bmc_IP": ip, "vendor": vendor, "hostname": f"node{n}", "selected_disks": ["sda"]}
+
+
+async def test_limit_two_holds_five_jobs_and_all_reach_booting(stack, settings):
+    stack.cfg.admission_overall = 2
+    stack.cfg.admission_vendors = {"hpe": 1}
+    vendors = ["dell", "hpe", "dell", "hpe", "dell"]
+    since = len(stack.emu.log())
+    engine = create_async_engine(settings.database_url)
+    peak: dict[str, int] = {"all": 0, "hpe": 0}
+    reasons: set[str] = set()
+    done = asyncio.Event()
+
+    async def sample(ids: list[str]) -> None:
+        async with engine.connect() as c:
+            while not done.is_set():
+                rows = dict((await c.execute(ADMITTED_SQL, {"ids": ids})).all())
+                peak["all"] = max(peak["all"], sum(rows.values()))
+                peak["hpe"] = max(peak["hpe"], rows.get("hpe", 0))
+                await asyncio.sleep(0.01)
+
+    async def watch_queue(c: httpx.AsyncClient) -> dict:
+        last: dict = {}
+        while not done.is_set():
+            r = await c.get("/controlnode/provision/queue", headers=ADMIN)
+            assert r.status_code == 200, r.text
+            last = r.json()
+            reasons.update(e["waiting_for"] for e in last["entries"] if e["position"])
+            assert last["admission"]["active"] <= 2
+            await asyncio.sleep(0.05)
+        return last
+
+    try:
+        async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
+            posts = [
+                await c.post("/controlnode/provision", json=body(ip, n, v), headers=ADMIN)
+                for n, (ip, v) in enumerate(zip(stack.bmc_ips, vendors, strict=True), 1)
+            ]
+            assert [p.status_code for p in posts] == [202] * 5, [p.text for p in posts]
+            jobs = [p.json()["job_id"] for p in posts]
+            sampler = asyncio.create_task(sample(jobs))
+            watcher = asyncio.create_task(watch_queue(c))
+            await asyncio.gather(*[wait_job(c, j, {"booting"}, timeout=180) for j in jobs])
+            done.set()
+            last = await watcher
+            await sampler
+    finally:
+        done.set()
+        await engine.dispose()
+
+    assert 1 <= peak["all"] <= 2, peak
+    assert peak["hpe"] <= 1, peak
+    # Somebody waited, and the queue said why (the overall limit of 2 is hit by 5 jobs at once).
+    assert "overall" in reasons, reasons
+    assert last["admission"]["limits"] == {"overall": 2, "per_vendor": 32, "vendors": {"hpe": 1}}
+    assert set(last) >= {"entries", "queued", "active", "admission"}
+    for sid in stack.emu.system_ids:
+        assert resets_seen(stack.emu, sid, since) == 1
