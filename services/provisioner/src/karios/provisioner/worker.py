@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from karios.common.contracts.provision import StartProvision
+from karios.common.db.session import unavailable_database_error
 from karios.common.errors import KariosError
 from karios.common.telemetry import get_logger
 from karios.provisioner.bmc import probe
@@ -85,8 +86,13 @@ async def run(svc: JobService, job_id: str) -> None:
         else:
             await svc.fail(job_id, exc.message)
     except Exception as exc:
+        if unavailable_database_error(exc) is not None:
+            # A stalled or restarting database is not the job's fault (and failing it would need
+            # the database too): leave it claimable; the lease sweep resumes it from its state.
+            log.warning("database unavailable; the job stays claimable", job_id=job_id, error=str(exc)[:200])
+            return
         log.exception("job failed", job_id=job_id)
-        await svc.fail(job_id, f"internal error: {type(exc).__name__}")
+        await svc.fail(job_id, "internal error (see the provisioner log)")
     finally:
         if svc.tasks.get(job_id) is asyncio.current_task():
             svc.tasks.pop(job_id, None)

@@ -1,0 +1,403 @@
+"""1,000 hosts at once (issue 14, item 4): one provisioning batch through the gateway onto
+emulated BMCs, with admission control.
+
+    nice -n 10 uv run python benchmarks/provision_storm.py [--hosts 1000] [--emulators 4]
+        [--overall 64] [--per-vendor 32] [--media head|full]
+
+``karios up`` (the shared NATS at ``KARIOS_NATS_URL`` under a prefix of its own, a fresh database
+on ``KARIOS_BENCH_PG``, dropped at the end) with a file inventory of N devices; N fake systems
+spread over ``--emulators`` sushy-tools processes (tests/lab/redfish_lab.py, instant power).
+The batch is N ``POST /controlnode/provision`` sharing one ``parent_id`` (there is no batch
+endpoint), 32 at a time, vendors round robin (dell, hpe, supermicro, generic).
+
+``--media head`` (default): the emulator's InsertMedia fetches the first 64 KiB of the medium
+(status and length checked) instead of downloading it whole — stock sushy-tools copies every
+54.5 MB ISO into its temp dir and keeps it until eject, i.e. 54 GB for 1,000 booting hosts; a real
+BMC reads the medium on demand. ``--media full`` keeps the stock behaviour (use a small N).
+
+Prints: time from the first POST to the last power reset (the job rows' ``reset_at``, and every
+emulator saw exactly one reset per system), per-stage percentiles from the JetStream timestamps
+of the job events, BMC requests per host (the emulators' request logs), the provisioner's peak
+RSS, state-dir / database / event-stream growth, and the admission limits used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
+
+import httpx
+import psutil
+import yaml
+
+from tests.lab import redfish_lab
+from tests.lab.redfish_lab import RedfishEmulator, fake_system
+
+PORTS = ("GATEWAY", "BOOTAPI", "PROVISIONER", "INVENTORY", "FABRIC_WORKER")
+VENDORS = ("dell", "hpe", "supermicro", "generic")
+STAGES = ("queued", "building_media", "mounting", "booting")
+PASSWORD = "storm-bmc-pw"
+# InsertMedia reads the head of the medium (like a BMC starting to boot from it), stores nothing.
+_HEAD_MEDIA = """\
+import os, requests
+from urllib.parse import urlparse
+from sushy_tools import error
+from sushy_tools.emulator.resources import vmedia
+
+def _head_of_image(self, image_url, auth, verify_media_cert, custom_cert):
+    with requests.get(image_url, stream=True, auth=auth, verify=False,
+                      headers={"Range": "bytes=0-65535"}, timeout=60) as rsp:
+        if rsp.status_code >= 400:
+            raise error.FishyError("Cannot download virtual media: got error %s from the server"
+                                   % rsp.status_code, code=502 if rsp.status_code >= 500 else 400)
+        got = sum(len(c) for c in rsp.iter_content(65536))
+        if not got:
+            raise error.FishyError("empty virtual media", code=400)
+    return os.path.basename(urlparse(image_url).path) or "image.iso", ""
+
+vmedia.BaseDriver._get_image = _head_of_image
+"""
+
+
+def bmc_ip(i: int) -> str:
+    return f"10.200.{i % 16}.{i // 16 + 1}"  # 16 /24s: bmc_per_subnet (4) x 16 is not the bound
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_emulators(hosts: int, count: int, media: str) -> list[RedfishEmulator]:
+    if media == "head":
+        redfish_lab._RUN = _HEAD_MEDIA + redfish_lab._RUN  # this process only
+    emus = []
+    for k in range(count):
+        systems = [fake_system(f"s{i:05d}", uuid=f"s{i:05d}") for i in range(k, hosts, count)]
+        emus.append(RedfishEmulator(systems, password=PASSWORD, startup_timeout=120).start())
+    return emus
+
+
+class System:
+    """``karios up`` with the storm's inventory, BMC endpoints and admission limits."""
+
+    def __init__(self, a: argparse.Namespace, emus: list[RedfishEmulator]) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="karios-storm-"))
+        self.root.chmod(0o755)
+        pg = os.environ.get("KARIOS_BENCH_PG", "postgres@127.0.0.1:5432")
+        self.db = f"karios_storm_{uuid.uuid4().hex[:8]}"
+        self.db_url = f"postgresql+asyncpg://{pg}/{self.db}"
+        self.prefix = f"storm{uuid.uuid4().hex[:6]}"
+        self.nats = os.environ.get("KARIOS_NATS_URL", "nats://127.0.0.1:4222")
+        devices = [
+            {
+                "id": i + 1,
+                "name": f"storm-{i:05d}",
+                "oob_ip": bmc_ip(i),
+                "disks": [{"name": "sda", "size_gb": 100}],
+            }
+            for i in range(a.hosts)
+        ]
+        (self.root / "inventory.yaml").write_text(yaml.safe_dump({"devices": devices}))
+        endpoints = {
+            bmc_ip(i): {"url": emus[i % len(emus)].url, "system_id": f"s{i:05d}"} for i in range(a.hosts)
+        }
+        self.ports = {p: free_port() for p in PORTS}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KARIOS_")}
+        env |= {f"KARIOS_{p}_PORT": str(n) for p, n in self.ports.items()}
+        self.limits = {
+            "ADMISSION_OVERALL": str(a.overall),
+            "ADMISSION_PER_VENDOR": str(a.per_vendor),
+            "BMC_CONCURRENCY": str(a.bmc_concurrency),
+            "BMC_PER_SUBNET": "4",
+            "BUILD_CONCURRENCY": "2",
+        }
+        env |= {f"KARIOS_PROVISIONER_{k}": v for k, v in self.limits.items()}
+        env |= {
+            "KARIOS_STATE_DIR": str(self.root / "state"),
+            "KARIOS_CONFIG": str(self.root / "client.json"),
+            "KARIOS_DATABASE_URL": self.db_url,
+            "KARIOS_NATS_URL": self.nats,
+            "KARIOS_BUS_PREFIX": self.prefix,
+            "KARIOS_INVENTORY_FILE": str(self.root / "inventory.yaml"),
+            "KARIOS_LOG_LEVEL": "WARNING",
+            "KARIOS_PROVISIONER_BMC_ENDPOINTS": json.dumps(endpoints, separators=(",", ":")),
+            "KARIOS_PROVISIONER_BMC_USER": "admin",
+            "KARIOS_PROVISIONER_BMC_PASSWORD": PASSWORD,
+            "KARIOS_PROVISIONER_BMC_TIMEOUT": "60",
+            "KARIOS_PROVISIONER_INSTALL_METHOD": "preseed",
+            "KARIOS_PROVISIONER_STAGE_DEADLINE": "3600",
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "karios.cli", "up", "--timeout", "180"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.out: list[str] = []
+        threading.Thread(target=lambda: self.out.extend(self.proc.stdout or []), daemon=True).start()
+        deadline = time.monotonic() + 240
+        while "Ctrl-C stops everything" not in "".join(self.out):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("karios up did not start:\n" + "".join(self.out))
+            time.sleep(0.2)
+        self.token = (self.root / "state" / "admin.token").read_text().strip()
+
+    def url(self, port: str = "GATEWAY") -> str:
+        return f"http://127.0.0.1:{self.ports[port]}"
+
+    def provisioner(self) -> psutil.Process:
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if child.cmdline()[-2:] == ["run", "provisioner"]:
+                    return child
+            except psutil.Error:
+                continue
+        raise LookupError("no provisioner process")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+        asyncio.run(sql(self.db_url, f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)', db="postgres"))
+
+
+async def sql(db_url: str, statement: str, db: str | None = None) -> list:
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    url = db_url.rsplit("/", 1)[0] + "/" + db if db else db_url
+    engine = create_async_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        async with engine.connect() as c:
+            res = await c.execute(text(statement))
+            return list(res.all()) if res.returns_rows else []
+    finally:
+        await engine.dispose()
+
+
+def du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+async def post_batch(s: System, hosts: int, parent: str) -> list[str]:
+    sem = asyncio.Semaphore(32)
+    headers = {"Authorization": f"Bearer {s.token}"}
+
+    async def one(c: httpx.AsyncClient, i: int) -> str:
+        body = {
+            "bmc_IP": bmc_ip(i),
+            "vendor": VENDORS[i % len(VENDORS)],
+            "hostname": f"storm-{i:05d}",
+            "selected_disks": ["sda"],
+            "parent_id": parent,
+        }
+        async with sem:
+            for _ in range(5):
+                r = await c.post("/controlnode/provision", json=body, headers=headers)
+                if r.status_code != 503:
+                    break
+                await asyncio.sleep(1)
+        if r.status_code != 202:
+            raise SystemExit(f"POST for {bmc_ip(i)}: {r.status_code} {r.text[:300]}")
+        return str(r.json()["job_id"])
+
+    async with httpx.AsyncClient(base_url=s.url(), timeout=120) as c:
+        return await asyncio.gather(*[one(c, i) for i in range(hosts)])
+
+
+async def watch(s: System, hosts: int, timeout: float, peak: dict[str, float]) -> dict:
+    """Until every job passed booting (or failed): sample the provisioner's RSS and the queue."""
+    proc = s.provisioner()
+    headers = {"Authorization": f"Bearer {s.token}"}
+    deadline = time.monotonic() + timeout
+    last: dict = {}
+    async with httpx.AsyncClient(base_url=s.url(), timeout=60) as c:
+        while time.monotonic() < deadline:
+            peak["rss"] = max(peak["rss"], proc.memory_info().rss)
+            q = await c.get("/controlnode/provision/queue", headers=headers)
+            if q.status_code == 200:
+                last = q.json()
+                adm = last["admission"]
+                peak["active"] = max(peak["active"], adm["active"])
+                for v, n in adm["active_by_vendor"].items():
+                    peak[f"vendor:{v}"] = max(peak.get(f"vendor:{v}", 0), n)
+            rows = await sql(
+                s.db_url,
+                "SELECT count(*) FILTER (WHERE reset_at IS NOT NULL), count(*) FILTER "
+                "(WHERE state IN ('failed','cancelled')) FROM provision.jobs",
+            )
+            reset, ended = rows[0]
+            if reset + ended >= hosts:
+                return last
+            await asyncio.sleep(1.0)
+    raise SystemExit(f"timed out after {timeout:.0f}s: {reset} reset, {ended} failed")
+
+
+async def stage_times(s: System) -> dict[str, dict[str, float]]:
+    """job id → state → JetStream timestamp (epoch seconds) of its first event in that state."""
+    import nats
+
+    from karios.common.bus.subjects import Subjects
+
+    sub = Subjects(s.prefix)
+    nc = await nats.connect(s.nats)
+    out: dict[str, dict[str, float]] = {}
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(sub.evt_stream)
+        psub = await js.subscribe(sub.events_of("provision"), ordered_consumer=True)
+        seen = 0
+        while True:
+            try:
+                msg = await psub.next_msg(timeout=5)
+            except nats.errors.TimeoutError:
+                break
+            seen += 1
+            parts = msg.subject.split(".")
+            job, state = parts[-1], parts[-2]
+            if state in STAGES:
+                out.setdefault(job, {}).setdefault(state, msg.metadata.timestamp.timestamp())
+            if msg.metadata.num_pending == 0:
+                break
+        out["_stream"] = {"bytes": float(info.state.bytes), "messages": float(info.state.messages)}
+    finally:
+        await nc.close()
+    return out
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hosts", type=int, default=1000)
+    ap.add_argument("--emulators", type=int, default=4)
+    ap.add_argument("--overall", type=int, default=64)
+    ap.add_argument("--per-vendor", type=int, default=32)
+    ap.add_argument("--bmc-concurrency", type=int, default=64, help="per-replica BMC operations at once")
+    ap.add_argument("--media", choices=("head", "full"), default="head")
+    ap.add_argument("--timeout", type=float, default=1200)
+    a = ap.parse_args()
+
+    t = time.monotonic()
+    emus = start_emulators(a.hosts, a.emulators, a.media)
+    print(f"{a.emulators} sushy-tools emulators with {a.hosts} systems up in {time.monotonic() - t:.1f}s")
+    s = None
+    try:
+        t = time.monotonic()
+        s = System(a, emus)
+        print(
+            f"karios up ready in {time.monotonic() - t:.1f}s; {os.cpu_count()} CPUs, "
+            f"load {os.getloadavg()[0]:.1f}"
+        )
+        state = s.root / "state"
+        logs0 = [len(e.log()) for e in emus]
+        disk0 = du(state)
+        db0 = asyncio.run(sql(s.db_url, "SELECT pg_database_size(current_database())"))[0][0]
+        peak = {"rss": float(s.provisioner().memory_info().rss), "active": 0.0}
+        rss0 = peak["rss"]
+        t0 = time.time()
+        parent = str(uuid.uuid4())
+        jobs = asyncio.run(post_batch(s, a.hosts, parent))
+        posted = time.time() - t0
+        last = asyncio.run(watch(s, a.hosts, a.timeout, peak))
+        wall = time.time() - t0
+        rows = asyncio.run(
+            sql(s.db_url, "SELECT id, state, extract(epoch FROM reset_at), message FROM provision.jobs")
+        )
+        disk1 = du(state)
+        db1 = asyncio.run(sql(s.db_url, "SELECT pg_database_size(current_database())"))[0][0]
+        times = asyncio.run(stage_times(s))
+        report(
+            a, s, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk1 - disk0, db1 - db0, last
+        )
+    finally:
+        if s is not None:
+            s.stop()
+        for e in emus:
+            e.stop()
+
+
+def report(a, s, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk, db, last) -> None:  # type: ignore[no-untyped-def]
+    resets = [r[2] for r in rows if r[2] is not None]
+    failed = [r for r in rows if r[1] in ("failed", "cancelled")]
+    requests, reset_posts = 0, 0
+    for e, since in zip(emus, logs0, strict=True):
+        lines = e.requests_seen(since)
+        requests += len(lines)
+        reset_posts += sum(
+            1 for line in lines if re.search(r"ComputerSystem\.Reset\S* HTTP/[\d.]+\" 2\d\d", line)
+        )
+    stream = times.pop("_stream", {})
+    spans = {
+        "queued → building_media (admission wait)": ("queued", "building_media"),
+        "building_media → mounting (probe + medium)": ("building_media", "mounting"),
+        "mounting → booting (insert, boot override)": ("mounting", "booting"),
+        "queued → booting": ("queued", "booting"),
+    }
+    print(f"\nBoot storm: {a.hosts} hosts, {a.emulators} sushy-tools processes, media={a.media}")
+    print(
+        f"admission: overall {a.overall}, per vendor {a.per_vendor}; per replica: bmc_concurrency "
+        f"{a.bmc_concurrency}, bmc_per_subnet 4, build_concurrency 2; vendors {', '.join(VENDORS)}"
+    )
+    print(
+        f"peak admitted: {int(peak['active'])} overall, "
+        + ", ".join(f"{k} {int(v)}" for k, v in sorted(peak.items()) if k.startswith("vendor:"))
+    )
+    print("\n| metric | value |\n| --- | --- |")
+    print(f"| POSTs accepted (202), 32 at a time | {len(jobs)} in {posted:.1f} s |")
+    last_reset = max(resets) - t0 if resets else float("nan")
+    print(f"| time to the last reset (first POST → last reset_at) | {last_reset:.1f} s |")
+    print(f"| jobs reset / failed | {len(resets)} / {len(failed)} |")
+    print(f"| resets seen by the emulators (2xx) | {reset_posts} |")
+    print(f"| BMC requests per host (emulator logs) | {requests / max(1, a.hosts):.1f} |")
+    print(f"| provisioner RSS start → peak | {rss0 / 2**20:.0f} → {peak['rss'] / 2**20:.0f} MiB |")
+    print(f"| state dir growth | {disk / 2**20:.2f} MiB |")
+    print(f"| database growth | {db / 2**20:.2f} MiB |")
+    print(
+        f"| event stream (shared NATS) | {stream.get('messages', 0):.0f} msgs, "
+        f"{stream.get('bytes', 0) / 2**20:.2f} MiB |"
+    )
+    print(f"| wall time of the run | {wall:.1f} s |")
+    print("\n| stage | p50 s | p90 s | p99 s | max s |\n| --- | --- | --- | --- | --- |")
+    for name, (a_, b_) in spans.items():
+        d = [t[b_] - t[a_] for t in times.values() if a_ in t and b_ in t]
+        top = max(d, default=float("nan"))
+        print(f"| {name} | {pct(d, 50):.2f} | {pct(d, 90):.2f} | {pct(d, 99):.2f} | {top:.2f} |")
+    if failed:
+        print("\nfailures (first 5):")
+        for r in failed[:5]:
+            print(f"  {r[0]}: {r[3][:200]}")
+    print(f"\nqueue at the end: queued {last.get('queued')}, active {last.get('active')}")
+    if len(resets) != a.hosts or reset_posts != a.hosts:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
