@@ -194,6 +194,22 @@ def sh(lab, node, cmd: str) -> str:
     return lab.node_exec(node, cmd).stdout.strip()
 
 
+def node_leftovers(lab, node) -> list[str]:
+    """What differs from an empty node (for a report; ``node_empty`` is the yes/no)."""
+    out = []
+    files = sh(lab, node, "ls -A /etc/frr")
+    if files:
+        out.append(f"/etc/frr: {files.split()}")
+    if lab.node_exec(node, "ip link show vtep0").returncode == 0:
+        out.append("vtep0")
+    vx = sh(lab, node, "ip -br link show type vxlan")
+    if vx:
+        out.append(f"vxlan: {vx.split()[0]}")
+    if lab.node_exec(node, "kill -0 $(cat /run/frr/zebra.pid) 2>/dev/null").returncode == 0:
+        out.append("zebra running")
+    return out
+
+
 def node_empty(lab, node) -> bool:
     return (
         sh(lab, node, "ls -A /etc/frr") == ""
@@ -665,8 +681,10 @@ def measure(lab, row: Row, intent: FabricIntent, venv: str, *, pipelining: bool,
     row.cancel_stop_s, row.cancel_s, row.cancel_status = karios_cancel(
         intent, targets, vteps, after=row.karios_s / 2
     )
-    if not all(node_empty(lab, n) for n in lab.nodes):
-        print("  WARNING: a node is not back at its (empty) baseline after the cancel", flush=True)
+    left = {n.name: node_leftovers(lab, n) for n in lab.nodes}
+    left = {k: v for k, v in left.items() if v}
+    if left:
+        print(f"  WARNING: nodes not back at their (empty) baseline after the cancel: {left}", flush=True)
     reset_nodes(lab)
     print(
         f"  karios: apply {row.karios_s:.2f} s (RR Established {fmt(row.karios_est_s)} s), "

@@ -8,12 +8,14 @@ hosts, and measures with ``wrk`` (Debian: ``apt-get install wrk nginx-light``, i
 missing) so that the load generator is not Python:
 
 1. bootapi cached ``/ipxe/<mac>`` vs nginx serving the same bytes as a static file, 200
-   connections: limit >= 0.25x nginx and p99 < 25 ms.
+   connections: limit >= 0.25x nginx and p99 < 25 ms. 1b: the same bootapi (boot_storm's fake
+   inventory on the shared NATS) with and without its pure-ASGI ``IpxeFastPath``.
 2. gateway authenticated reads, 100 connections: ``/controlnode/tokens/self`` (the auth path
    alone), ``/controlnode/provision/queue`` (auth + a bus query): limit p99 < 50 ms.
 3. 10,000 registered nodes: ``/controlnode/nodes`` first and last page (limit=100) and a point
    lookup, at 100 nodes (registered through the API) and at 10,000 (the rest inserted in SQL):
-   limit p99 at 10k <= 1.5x p99 at 100 (noise on a shared machine).
+   limit p99 at 10k <= 1.5x p99 at 100 (noise on a shared machine). Rows "1 conn": one
+   connection, i.e. the service time of one request without queueing.
 4. ``--sse``: ``benchmarks/sse_pipeline.py --rate 10 --clients 1000`` (its own process).
 """
 
@@ -221,10 +223,75 @@ def bench_ipxe(s: System, secs: int) -> None:
     print("ratio: measured / limit (req/s: >= 1 meets it; p99: <= 1 meets it)")
 
 
+def serve_bootapi(prefix: str, port: int, fast_path: bool) -> None:
+    """(child process) bootapi on boot_storm's fake inventory, with or without IpxeFastPath."""
+    import logging
+
+    import uvicorn
+
+    sys.path.insert(0, str(HERE))
+    import boot_storm
+
+    from karios.bootapi.app import create_app
+    from karios.bootapi.settings import BootapiSettings
+
+    app = create_app(boot_storm.settings(prefix), BootapiSettings(_env_file=None))  # type: ignore[call-arg]
+    if not fast_path:
+        app.user_middleware = [m for m in app.user_middleware if m.cls.__name__ != "IpxeFastPath"]
+    logging.getLogger("faststream").setLevel(logging.WARNING)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def bench_ipxe_ab(secs: int) -> None:
+    """The same bootapi with and without the fast path, one after the other, on the shared NATS."""
+    prefix, ready = f"hot{uuid.uuid4().hex[:8]}", Path(tempfile.mkdtemp()) / "ready"
+    more = ["--hosts", "100", "--ready", str(ready)]
+    inv = subprocess.Popen(
+        [sys.executable, str(HERE / "boot_storm.py"), "--role", "inventory", "--prefix", prefix, *more],
+        stdout=subprocess.DEVNULL,
+    )
+    rows = []
+    try:
+        while not ready.exists() and inv.poll() is None:
+            time.sleep(0.1)
+        for fast in (False, True):
+            port = free_port()
+            argv = [sys.executable, __file__, "--serve-bootapi", prefix, str(port), "1" if fast else "0"]
+            api = subprocess.Popen(argv)
+            try:
+                url = f"http://127.0.0.1:{port}/ipxe/52:54:01:00:00:07"
+                for _ in range(300):
+                    try:
+                        httpx.get(url, timeout=5)
+                        break
+                    except httpx.HTTPError:
+                        time.sleep(0.1)
+                rows.append(
+                    (f"/ipxe cached, {'with' if fast else 'without'} IpxeFastPath", wrk(url, 200, secs))
+                )
+            finally:
+                api.send_signal(signal.SIGINT)
+                api.wait(30)
+    finally:
+        inv.terminate()
+        inv.wait(10)
+    header(f"1b. bootapi /ipxe with and without the pure-ASGI fast path, 200 connections, {secs} s each")
+    for name, r in rows:
+        row(name, r, "", r["rps"] / rows[0][1]["rps"])
+    print("ratio: req/s against the row without the fast path")
+
+
 def bench_gateway(s: System, secs: int) -> None:
     gw = s.url("GATEWAY")
+    one = max(3, secs // 2)
     rows = [
         ("/healthz (no auth)", wrk(f"{gw}/healthz", 100, secs), None),
+        ("/healthz, 1 connection", wrk(f"{gw}/healthz", 1, one), None),
+        (
+            "/controlnode/tokens/self, 1 connection",
+            wrk(f"{gw}/controlnode/tokens/self", 1, one, s.token),
+            None,
+        ),
         (
             "/controlnode/tokens/self (auth only)",
             wrk(f"{gw}/controlnode/tokens/self", 100, secs, s.token),
@@ -290,7 +357,7 @@ def bench_nodes(s: System, nodes: int, secs: int) -> None:
     header(f"3. /controlnode/nodes at 100 vs {nodes} registered nodes, 100 connections, {secs} s each")
     for name in small:
         row(f"{name}, 100 nodes", small[name])
-        ratio = large[name]["p99"] / small[name]["p99"]
+        ratio = large[name]["p99"] / small[name]["p99"] if small[name]["p99"] else float("nan")
         row(f"{name}, {nodes} nodes", large[name], "p99 <= 1.5x at 100", ratio / 1.5)
     print(f"(100 nodes registered through POST /controlnode/register at {reg_rate:.0f}/s; the rest in SQL)")
 
@@ -302,10 +369,18 @@ def main() -> None:
     ap.add_argument(
         "--sse", action="store_true", help="also run sse_pipeline.py at 10 events/s, 1000 clients"
     )
-    ap.add_argument("--only", default="ipxe,gateway,nodes")
+    ap.add_argument("--only", default="ipxe,ipxe-ab,gateway,nodes")
+    ap.add_argument("--serve-bootapi", nargs=3, help=argparse.SUPPRESS)  # PREFIX PORT FAST (child)
     a = ap.parse_args()
+    if a.serve_bootapi:
+        serve_bootapi(a.serve_bootapi[0], int(a.serve_bootapi[1]), a.serve_bootapi[2] == "1")
+        return
     ensure_tools()
     only = set(a.only.split(","))
+    if "ipxe-ab" in only:
+        bench_ipxe_ab(a.seconds)
+    if not only & {"ipxe", "gateway", "nodes"}:
+        return
     s = System()
     try:
         print(f"karios up ready; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")

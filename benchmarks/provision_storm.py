@@ -139,9 +139,13 @@ class System:
             "KARIOS_INVENTORY_FILE": str(self.root / "inventory.yaml"),
             "KARIOS_LOG_LEVEL": "WARNING",
             "KARIOS_PROVISIONER_BMC_ENDPOINTS": json.dumps(endpoints, separators=(",", ":")),
+            "KARIOS_PROVISIONER_BMC_TIMEOUT": "60",
+            # BMC credentials: the documented name, and the one ProvisionerConfig reads today (its
+            # validation_alias drops the env prefix: KARIOS_PROVISIONER_BMC_USER is ignored)
             "KARIOS_PROVISIONER_BMC_USER": "admin",
             "KARIOS_PROVISIONER_BMC_PASSWORD": PASSWORD,
-            "KARIOS_PROVISIONER_BMC_TIMEOUT": "60",
+            "BMC_USER": "admin",
+            "BMC_PASSWORD": PASSWORD,
             "KARIOS_PROVISIONER_INSTALL_METHOD": "preseed",
             "KARIOS_PROVISIONER_STAGE_DEADLINE": "3600",
         }
@@ -173,13 +177,16 @@ class System:
                 continue
         raise LookupError("no provisioner process")
 
-    def stop(self) -> None:
+    def stop(self, keep: bool = False) -> None:
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(120)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if keep:
+            print(f"kept {self.root} (logs under state/)")
+        else:
+            shutil.rmtree(self.root, ignore_errors=True)
         asyncio.run(sql(self.db_url, f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)', db="postgres"))
 
 
@@ -303,6 +310,7 @@ def main() -> None:
     ap.add_argument("--bmc-concurrency", type=int, default=64, help="per-replica BMC operations at once")
     ap.add_argument("--media", choices=("head", "full"), default="head")
     ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument("--keep", action="store_true", help="keep the state dir (logs) after the run")
     a = ap.parse_args()
 
     t = time.monotonic()
@@ -319,6 +327,8 @@ def main() -> None:
         state = s.root / "state"
         logs0 = [len(e.log()) for e in emus]
         disk0 = du(state)
+        cache = state / "provisioner" / "cache"
+        cache0 = du(cache) if cache.exists() else 0
         db0 = asyncio.run(sql(s.db_url, "SELECT pg_database_size(current_database())"))[0][0]
         peak = {"rss": float(s.provisioner().memory_info().rss), "active": 0.0}
         rss0 = peak["rss"]
@@ -332,27 +342,41 @@ def main() -> None:
             sql(s.db_url, "SELECT id, state, extract(epoch FROM reset_at), message FROM provision.jobs")
         )
         disk1 = du(state)
+        base = du(cache) - cache0  # the base ISO(s): once per configuration, not per host
         db1 = asyncio.run(sql(s.db_url, "SELECT pg_database_size(current_database())"))[0][0]
         times = asyncio.run(stage_times(s))
         report(
-            a, s, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk1 - disk0, db1 - db0, last
+            a,
+            emus,
+            logs0,
+            jobs,
+            rows,
+            times,
+            t0,
+            posted,
+            wall,
+            peak,
+            rss0,
+            (disk1 - disk0, base),
+            db1 - db0,
+            last,
         )
     finally:
         if s is not None:
-            s.stop()
+            s.stop(a.keep)
         for e in emus:
             e.stop()
 
 
-def report(a, s, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk, db, last) -> None:  # type: ignore[no-untyped-def]
-    resets = [r[2] for r in rows if r[2] is not None]
+def report(a, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk, db, last) -> None:  # type: ignore[no-untyped-def]
+    resets = [float(r[2]) for r in rows if r[2] is not None]
     failed = [r for r in rows if r[1] in ("failed", "cancelled")]
     requests, reset_posts = 0, 0
     for e, since in zip(emus, logs0, strict=True):
         lines = e.requests_seen(since)
         requests += len(lines)
         reset_posts += sum(
-            1 for line in lines if re.search(r"ComputerSystem\.Reset\S* HTTP/[\d.]+\" 2\d\d", line)
+            1 for line in lines if re.search(r"POST \S*ComputerSystem\.Reset\S* HTTP/[\d.]+\S*\" 2\d\d", line)
         )
     stream = times.pop("_stream", {})
     spans = {
@@ -378,7 +402,9 @@ def report(a, s, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, d
     print(f"| resets seen by the emulators (2xx) | {reset_posts} |")
     print(f"| BMC requests per host (emulator logs) | {requests / max(1, a.hosts):.1f} |")
     print(f"| provisioner RSS start → peak | {rss0 / 2**20:.0f} → {peak['rss'] / 2**20:.0f} MiB |")
-    print(f"| state dir growth | {disk / 2**20:.2f} MiB |")
+    print(f"| state dir growth (of it: base ISO) | {disk[0] / 2**20:.2f} MiB ({disk[1] / 2**20:.2f}) |")
+    per_host = (disk[0] - disk[1]) / max(1, a.hosts) / 1024
+    print(f"| state dir growth per host, base ISO excluded | {per_host:.1f} KiB |")
     print(f"| database growth | {db / 2**20:.2f} MiB |")
     print(
         f"| event stream (shared NATS) | {stream.get('messages', 0):.0f} msgs, "

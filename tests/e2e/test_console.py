@@ -61,17 +61,10 @@ def _chromium_missing() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def lab() -> Iterator[fabric_lab.FabricLab | None]:
-    """The fabric lab when this machine can run it (root), else None (its test skips)."""
-    if fabric_lab.skip_reason():
-        yield None
-        return
-    with fabric_lab.FabricLab(n_nodes=3, prefix="kc", mtu_overrides={"node3": 1500}) as lab:
-        yield lab
-
-
-@pytest.fixture(scope="module")
-def system(lab) -> Iterator[KariosUp]:
+def system() -> Iterator[KariosUp]:
+    """`karios up` with emulated BMCs. Its fabric worker reads the SSH key from ``fabric_key``
+    when it connects: the :func:`lab` fixture puts the lab's key there, so only the fabric test
+    waits for the host's fabric lab (one at a time per host)."""
     emu = RedfishEmulator([fake_system(f"console{i}") for i in range(len(BMCS))]).start()
     try:
         with state_dir("karios-console-") as root:
@@ -84,16 +77,13 @@ def system(lab) -> Iterator[KariosUp]:
                 "KARIOS_INVENTORY_FILE": str(inv),
                 "KARIOS_PROVISIONER_BMC_ENDPOINTS": json.dumps(endpoints),
                 "KARIOS_PROVISIONER_INSTALL_METHOD": "preseed",
+                "KARIOS_FABRIC_SSH_KEY": str(root / "fabric_key"),
+                "KARIOS_FABRIC_VNIS": "100,200",
+                "KARIOS_FABRIC_FRR_LOG_FILE": "/run/frr/frr.log",
+                "KARIOS_FABRIC_CONNECT_TIMEOUT": "5",
+                "KARIOS_FABRIC_VERIFY_TIMEOUT": "60",
+                "KARIOS_FABRIC_PREFLIGHT_TIMEOUT": "15",
             }
-            if lab is not None:
-                env |= {
-                    "KARIOS_FABRIC_SSH_KEY": lab.client_key_path,
-                    "KARIOS_FABRIC_VNIS": "100,200",
-                    "KARIOS_FABRIC_FRR_LOG_FILE": "/run/frr/frr.log",
-                    "KARIOS_FABRIC_CONNECT_TIMEOUT": "5",
-                    "KARIOS_FABRIC_VERIFY_TIMEOUT": "60",
-                    "KARIOS_FABRIC_PREFLIGHT_TIMEOUT": "15",
-                }
             up = KariosUp(root / "state", env=env)
             try:
                 up.wait_started()
@@ -102,6 +92,20 @@ def system(lab) -> Iterator[KariosUp]:
                 up.stop()
     finally:
         emu.stop()
+
+
+@pytest.fixture(scope="module")
+def lab(system: KariosUp) -> Iterator[fabric_lab.FabricLab]:
+    reason = fabric_lab.skip_reason()
+    if reason:
+        if CI:
+            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+    with fabric_lab.FabricLab(n_nodes=3, prefix="kc", mtu_overrides={"node3": 1500}) as lab:
+        key = system.state.parent / "fabric_key"
+        shutil.copyfile(lab.client_key_path, key)
+        key.chmod(0o600)
+        yield lab
 
 
 @pytest.fixture(scope="module")
@@ -294,11 +298,6 @@ def test_viewer_sees_no_write_controls(system: KariosUp, browser) -> None:
 
 
 def test_fabric_page_nodes_turn_established_after_apply(system: KariosUp, browser, lab) -> None:
-    if lab is None:
-        reason = fabric_lab.skip_reason()
-        if CI:
-            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
-        pytest.skip(reason)
     admin = {"Authorization": f"Bearer {system.token}"}
     with httpx.Client(base_url=system.url(), headers=admin, timeout=60) as c:
         for i, n in enumerate(lab.nodes, 1):

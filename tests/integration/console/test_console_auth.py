@@ -25,6 +25,10 @@ async def test_cookie_login_same_origin_rules_and_roles(settings, serve):
     gw = await serve(gateway_app(settings))
     await create_token(gw.app.state.runtime.db, "console-viewer", Role.viewer, VIEWER_TOKEN)
     async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+        js = await c.get("/console/static/console.js")
+        assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+        assert (await c.get("/console/static/pages.py")).status_code == 404  # only the listed files
+
         # Not logged in: pages redirect to the login page; the API still wants a token.
         r = await c.get("/console/jobs")
         assert r.status_code == 303 and r.headers["location"] == "/console/login"
@@ -51,7 +55,8 @@ async def test_cookie_login_same_origin_rules_and_roles(settings, serve):
         assert "default-src 'self'" in page.headers["content-security-policy"]
         for path in ("/console/nodes", "/console/fabric", "/console/jobs/live", "/console/fabric/live"):
             assert (await c.get(path)).status_code == 200, path
-        assert (await c.get("/console/jobs/nope")).status_code == 200  # a "not found" page, no 500
+        assert "No job nope" in (await c.get("/console/jobs/nope")).text  # a "not found" page, no 500
+        assert (await c.get("/console/jobs/nope/live")).status_code == 404
 
         # The cookie on the REST API: reads yes, same-origin; writes only with the console header.
         assert (await c.get("/controlnode/tokens/self")).json()["name"] == "bootstrap-admin"

@@ -93,6 +93,19 @@ def _print_ready(t0: float, state: Path, env: dict[str, str], host: str, gw: str
     )
 
 
+async def _create_streams(servers: list[str], prefix: str, replicas: str) -> None:
+    import nats
+
+    from karios.common.bus.streams import ensure_streams
+    from karios.common.bus.subjects import Subjects
+
+    nc = await nats.connect(servers)
+    try:
+        await ensure_streams(nc.jetstream(), Subjects(prefix), int(replicas))
+    finally:
+        await nc.close()
+
+
 class Up:
     """One ``karios up`` run: start-up, the supervision loop and the clean stop share the
     embedded servers, the supervisor and the once-only stop guard (a second signal must not cut
@@ -184,6 +197,9 @@ class Up:
             _wait_ready(child.ready_url, child.proc, deadline)
         self.env["KARIOS_NATS_URL"] = ",".join(n.url for n in nodes)
         self.env.setdefault("KARIOS_BUS_REPLICAS", str(min(3, self.cluster)))
+        # The replicated streams once, before ten services race to create them on a new cluster.
+        prefix = self.env.get("KARIOS_BUS_PREFIX", "karios")
+        asyncio.run(_create_streams([n.url for n in nodes], prefix, self.env["KARIOS_BUS_REPLICAS"]))
         print(f"  NATS cluster of {self.cluster} ready ({self.env['KARIOS_NATS_URL']})", flush=True)
 
     def _add_services(self) -> tuple[str, dict[str, str]]:

@@ -1,7 +1,8 @@
 """Admission control, the pure rule: which queued jobs may start their BMC/media work now.
 
-A job is *admitted* when it leaves ``queued`` for ``building_media``; it stays admitted while
-``building_media`` or ``mounting`` (probe, medium, insert, boot override, the one reset). A boot
+A queued job is *admitted* (``admitted_at`` set) before it touches its BMC; it stays admitted
+while in the worker phase (``queued`` → ``building_media`` → ``mounting``: probe, medium, insert,
+boot override, the one reset) and frees its slot when it reaches ``booting`` or ends. A boot
 storm therefore touches at most ``overall`` BMCs at once, and at most the vendor's limit of one
 vendor's BMCs. The queue is walked oldest first; a job that does not fit waits with a reason
 (``"overall"`` or ``"vendor:<v>"``) and does not stop a younger job of another vendor that fits.
@@ -16,9 +17,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from karios.provisioner.statemachine import State
-
-ADMITTED = (State.building_media, State.mounting)
 OVERALL = "overall"
 
 

@@ -1,5 +1,8 @@
 """Use case "admit queued jobs": the worker of a queued job waits here for a slot.
 
+Admission sets ``admitted_at`` on the row (the state stays ``queued`` until the BMC answered and
+the medium is being built); the slot is free again when the job reaches ``booting`` or ends.
+
 One admission loop per replica: it runs when a job of this replica starts waiting or leaves
 the admitted states, and every ``admission_interval`` while jobs wait (a slot freed by another
 replica). Each run is one transaction (:meth:`JobRepository.admit`): the counts come from the
@@ -14,7 +17,6 @@ from typing import TYPE_CHECKING
 
 from karios.common.contracts.provision import Admission, AdmissionLimits, QueueEntry
 from karios.common.telemetry import get_logger
-from karios.provisioner import metrics
 from karios.provisioner.admission import Limits
 from karios.provisioner.statemachine import State
 
@@ -37,7 +39,7 @@ class Admitter:
         self.task: asyncio.Task[None] | None = None
 
     async def wait(self, job_id: str) -> None:
-        """Return once the job is admitted (moved to ``building_media`` by this replica)."""
+        """Return once the job is admitted (its ``admitted_at`` set by this replica)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting[job_id] = fut
         self.poke()
@@ -68,14 +70,12 @@ class Admitter:
 
     async def admit_once(self) -> int:
         waiting = [j for j, f in self.waiting.items() if not f.done()]
-        jobs = await self.svc.repo.admit(limits_of(self.svc), waiting)
-        for job in jobs:  # the event first: the worker's next move must not overtake it
-            metrics.job_moved(job.job_type, job.vendor, job.state, State.queued, job.created_at)
-            await self.svc.emit(job)
-            fut = self.waiting.get(job.id)
+        admitted = await self.svc.repo.admit(limits_of(self.svc), waiting)
+        for job_id in admitted:
+            fut = self.waiting.get(job_id)
             if fut is not None and not fut.done():
                 fut.set_result(None)
-        return len(jobs)
+        return len(admitted)
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -103,7 +103,7 @@ async def queue(svc: JobService) -> list[QueueEntry]:
     _, why = await admission(svc)
     out, pos = [], 0
     for r in await svc.repo.running():
-        queued = r.state == State.queued
+        queued = r.state == State.queued and r.admitted_at is None  # admitted: at work (position 0)
         pos += queued
         out.append(
             QueueEntry(

@@ -50,7 +50,6 @@ from karios.common.telemetry import current_traceparent, get_logger
 from karios.common.telemetry_http import trace_http_client
 from karios.common.telemetry_tracing import bmc_span_attributes, job_binding, job_span
 from karios.provisioner import admitter, callbacks, metrics, upkeep, worker
-from karios.provisioner.admission import ADMITTED
 from karios.provisioner.bmc import BmcAccessor, driver_of, leave_clean, serial_console_for
 from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.drivers import RedfishDriver
@@ -60,7 +59,7 @@ from karios.provisioner.install.registry import install_methods, method_for
 from karios.provisioner.media import MediaBuilder
 from karios.provisioner.models import Job
 from karios.provisioner.repository import JobRepository, LeaseLost, now
-from karios.provisioner.statemachine import INFO, State, is_terminal
+from karios.provisioner.statemachine import INFO, WORKER_STATES, State, is_terminal
 
 log = get_logger(__name__)
 TRACER = "karios.provisioner"
@@ -163,8 +162,8 @@ class JobService:
         j = moved.job
         metrics.job_moved(j.job_type, j.vendor, j.state, moved.previous, j.created_at)
         await self.emit(moved.job, fact=fact)
-        if moved.previous in ADMITTED and j.state not in ADMITTED:
-            self.admitter.poke()  # a slot is free
+        if moved.previous in WORKER_STATES and j.state not in WORKER_STATES:
+            self.admitter.poke()  # an admission slot is free
         if is_terminal(moved.job.state):
             self.media.remove(job_id)
             if moved.previous in AT_THE_BMC:

@@ -15,7 +15,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from karios.common.db import Database
 from karios.common.errors import NotFound
 from karios.common.provisioning import TERMINAL_STATES
-from karios.provisioner.admission import ADMITTED, Limits, Waiting, plan
+from karios.provisioner.admission import Limits, Waiting, plan
 from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.models import Job
 from karios.provisioner.statemachine import INFO, WORKER_STATES, State, is_terminal, transition
@@ -26,7 +26,8 @@ _ENDED = sorted(TERMINAL_STATES)
 _WATCHED = [s.value for s, info in INFO.items() if info.watched]
 
 
-_ADMITTED = [s.value for s in ADMITTED]
+_RUNNING = ("id", "bmc_ip", "job_type", "state", "created_at", "vendor", "admitted_at")
+_RUNNING_COLUMNS = [T.c[c] for c in _RUNNING]
 _ADMISSION_LOCK = 0x6B61_6470  # pg_advisory_xact_lock key of admission ("kadp")
 
 
@@ -186,9 +187,9 @@ class JobRepository:
             )
 
     # -- admission (see admission.py) -----------------------------------------------------
-    async def admit(self, limits: Limits, waiting: list[str]) -> list[Job]:
-        """Move those of ``waiting`` (queued, ours) that :func:`admission.plan` admits to
-        ``building_media``; return their rows.
+    async def admit(self, limits: Limits, waiting: list[str]) -> list[str]:
+        """Admit those of ``waiting`` (queued, ours) that :func:`admission.plan` lets start;
+        return their ids.
 
         One transaction-scoped advisory lock serialises admission over all replicas, and the
         counts are read under it: replicas never admit past a limit together. An older job of
@@ -202,23 +203,18 @@ class JobRepository:
             go = [j for j, why in decided.items() if not why and j in mine]
             if not go:
                 return []
-            info = INFO[State.building_media]
             ids = await (await s.connection()).execute(
                 sa.update(T)
-                .where(T.c.id.in_(go), T.c.owner == self.replica, T.c.state == State.queued.value)
-                .values(
-                    state=State.building_media.value,
-                    message=info.stage,
-                    percent=info.percent,
-                    updated_at=now(),
-                    lease_until=self.lease_expr(),
+                .where(
+                    T.c.id.in_(go),
+                    T.c.owner == self.replica,
+                    T.c.state == State.queued.value,
+                    T.c.admitted_at.is_(None),
                 )
+                .values(admitted_at=sa.func.now(), lease_until=self.lease_expr())
                 .returning(T.c.id)
             )
-            moved = [r[0] for r in ids]
-            if not moved:
-                return []
-            return list((await s.exec(sa.select(Job).where(T.c.id.in_(moved)))).scalars().all())
+            return [r[0] for r in ids]
 
     async def admission(self, limits: Limits) -> tuple[dict[str, int], dict[str, str]]:
         """(admitted jobs per vendor, queued job id → why it waits) as :func:`plan` sees it now."""
@@ -232,9 +228,7 @@ class JobRepository:
             return list(
                 (
                     await s.exec(
-                        sa.select(T.c.id, T.c.bmc_ip, T.c.job_type, T.c.state, T.c.created_at, T.c.vendor)
-                        .where(T.c.state.notin_(_ENDED))
-                        .order_by(T.c.created_at)
+                        sa.select(*_RUNNING_COLUMNS).where(T.c.state.notin_(_ENDED)).order_by(T.c.created_at)
                     )
                 ).all()
             )
@@ -288,10 +282,14 @@ async def _admission_rows(s: Any) -> tuple[dict[str, int], list[Waiting]]:
     active = {
         r[0]: int(r[1])
         for r in await s.exec(
-            sa.select(T.c.vendor, sa.func.count()).where(T.c.state.in_(_ADMITTED)).group_by(T.c.vendor)
+            sa.select(T.c.vendor, sa.func.count())
+            .where(T.c.state.in_(_WORK), T.c.admitted_at.is_not(None))
+            .group_by(T.c.vendor)
         )
     }
     rows = await s.exec(
-        sa.select(T.c.id, T.c.vendor).where(T.c.state == State.queued.value).order_by(T.c.created_at, T.c.id)
+        sa.select(T.c.id, T.c.vendor)
+        .where(T.c.state == State.queued.value, T.c.admitted_at.is_(None))
+        .order_by(T.c.created_at, T.c.id)
     )
     return active, [Waiting(r[0], r[1] or "") for r in rows]

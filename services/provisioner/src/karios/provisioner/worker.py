@@ -1,11 +1,10 @@
 """Use case "run the worker phase": queued → building_media → mounting → booting, resumable.
 
-queued: wait for admission (admitter.py: bounded overall and per vendor, over all replicas),
-which moves the job to building_media; building_media: check the BMC answers (before any medium
-is written), (re)build the medium; mounting: rebuild the medium (it lives on the replica that
-serves it), eject + insert + read back, boot override (all idempotent); then the gate
-``mounting → booting`` (owner-checked, under the row lock, once per job) and only after it
-commits the one power reset.
+queued: wait for admission (admitter.py: bounded overall and per vendor, over all replicas);
+queued/building_media: check the BMC answers (before any medium is written), (re)build the
+medium; mounting: rebuild the medium (it lives on the replica that serves it), eject + insert +
+read back, boot override (all idempotent); then the gate ``mounting → booting`` (owner-checked,
+under the row lock, once per job) and only after it commits the one power reset.
 """
 
 from __future__ import annotations
@@ -62,14 +61,16 @@ async def run(svc: JobService, job_id: str) -> None:
         cmd = StartProvision.model_validate(at.job.spec)
         token = await svc.job_token(at.job)
         state = State(at.job.state)
-        if state == State.queued:  # admission control: wait for a slot (all replicas, per vendor)
-            await svc.admitter.wait(job_id)
-            state = State.building_media
-        if state == State.building_media:
+        if state == State.queued and at.job.admitted_at is None:
+            await svc.admitter.wait(job_id)  # admission control: a slot (all replicas, per vendor)
+        if state in (State.queued, State.building_media):
             async with svc.bmc_sem:  # fail in seconds, before any medium is written
                 await probe(await svc.driver(cmd, probe=True))
         async with svc.build_sem:
             await svc.check(job_id)
+            if state == State.queued:
+                await svc.move(job_id, State.building_media, owned=True)
+                state = State.building_media
             await svc.build_medium(cmd, token)
         kind = await mount_and_reset(svc, at, cmd, state)
         log.info("job booting", job_id=job_id, reset=kind, replica=svc.replica)

@@ -19,6 +19,8 @@ UNAVAILABLE = (
     nats.errors.StaleConnectionError,
     nats.errors.NoServersError,
     nats.js.errors.ServiceUnavailableError,
+    # A stream with no leader for a moment (a cluster node died, the replicas elect a new one).
+    nats.js.errors.NoStreamResponseError,
     TimeoutError,
 )
 

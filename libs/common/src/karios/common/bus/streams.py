@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import (
     ConsumerConfig,
@@ -12,11 +17,18 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from karios.common.bus.subjects import Subjects
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+_NOT_ANSWERING = (
+    TimeoutError,
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    ServiceUnavailableError,
+)
 
 CMD_DUPLICATE_WINDOW_S = 120.0
 EVT_MAX_AGE_S = 7 * 24 * 3600.0
@@ -73,6 +85,31 @@ def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
     ]
 
 
+#: JetStream API calls at start-up are retried this long: on a cluster that is forming (or electing
+#: a stream leader after a node died) a create/update can time out for a few seconds.
+START_RETRY_S = 60.0
+
+
+async def _retrying(what: str, call: Callable[[], Awaitable[T]], budget: float = START_RETRY_S) -> T:
+    deadline, delay = time.monotonic() + budget, 0.5
+    while True:
+        try:
+            return await call()
+        except (
+            TimeoutError,
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            ServiceUnavailableError,
+        ) as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning(
+                "JetStream not answering at start; retrying", extra={"what": what, "error": repr(exc)}
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
 async def ensure_streams(js: JetStreamContext, subjects: Subjects, replicas: int = 1) -> None:
     """Create the streams or bring their mutable settings in line with the declaration.
 
@@ -82,12 +119,12 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, replicas: int
     for cfg in stream_configs(subjects, replicas):
         try:
             try:
-                info = await js.stream_info(cfg.name)
+                info = await _retrying(cfg.name, lambda c=cfg: js.stream_info(c.name))
             except NotFoundError:
-                await js.add_stream(cfg)
+                await _retrying(cfg.name, lambda c=cfg: js.add_stream(c))
                 log.info("stream created", extra={"stream": cfg.name, "replicas": replicas})
                 continue
-            await js.update_stream(cfg)
+            await _retrying(cfg.name, lambda c=cfg: js.update_stream(c))
         except BadRequestError as exc:
             if replicas > 1 and "replica" in str(exc.description or "").lower():
                 raise ReplicasUnavailable(
@@ -104,4 +141,4 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, replicas: int
 
 async def reconcile_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:
     """Apply the declared durable consumer config; nats-py silently binds to a drifted one otherwise."""
-    await js.add_consumer(stream, config)
+    await _retrying(f"{stream}/{config.durable_name}", lambda: js.add_consumer(stream, config))

@@ -123,7 +123,7 @@ class AdmissionQuery(Query):
 
 
 class AdmissionLimits(BaseModel):
-    overall: int  # jobs doing BMC/media work at once (building_media + mounting), all replicas
+    overall: int  # admitted jobs at once (BMC probe, medium, insert, reset), all replicas
     per_vendor: int
     vendors: dict[str, int] = Field(default_factory=dict)  # per-vendor overrides of per_vendor
 
@@ -132,7 +132,7 @@ class Admission(BaseModel):
     """Admission control now: the limits and the admitted jobs (all replicas)."""
 
     limits: AdmissionLimits
-    active: int  # jobs in building_media or mounting
+    active: int  # admitted jobs not yet booting (queued once admitted, building_media, mounting)
     active_by_vendor: dict[str, int] = Field(default_factory=dict)
     queued: int
 

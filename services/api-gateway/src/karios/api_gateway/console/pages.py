@@ -173,7 +173,7 @@ async def job_page(job_id: Ident, request: Request, p: Principal = Depends(viewe
 async def job_live(job_id: Ident, request: Request, p: Principal = Depends(viewer)) -> HTMLResponse:
     ctx = await _job_ctx(request, p, job_id)
     if ctx is None:
-        return render("missing.html", 404, what=f"job {job_id}")
+        return render("_error.html", 404, error={"code": "NOT_FOUND", "message": f"no job {job_id}"})
     return _page("_job_live.html", p, "jobs", **ctx)
 
 

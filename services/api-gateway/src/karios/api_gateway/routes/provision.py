@@ -12,6 +12,7 @@ import json
 import uuid
 from typing import Annotated, Any
 
+import sqlalchemy as sa
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 from sqlmodel import select
@@ -103,7 +104,8 @@ async def _accept(
                 message="Queued",
             )
         )
-        if cmd.parent_id:
+        if cmd.parent_id:  # the batch's first POSTs race to create its row: one at a time
+            await s.exec(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(cmd.parent_id))))
             parent = await s.get(JobRow, cmd.parent_id, with_for_update=True)
             if parent is None:
                 s.add(
