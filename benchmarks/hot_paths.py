@@ -63,7 +63,7 @@ def ensure_tools() -> None:
 
 def wrk(url: str, conns: int, seconds: int, token: str | None = None) -> dict[str, float]:
     """requests/s, p50/p99 ms and non-2xx count of ``wrk -t2 --latency``."""
-    argv = ["wrk", "-t2", f"-c{conns}", f"-d{seconds}s", "--latency", "--timeout", "5s"]
+    argv = ["wrk", f"-t{min(2, conns)}", f"-c{conns}", f"-d{seconds}s", "--latency", "--timeout", "5s"]
     if token:
         argv += ["-H", f"Authorization: Bearer {token}"]
     out = subprocess.run([*argv, url], capture_output=True, text=True, check=True).stdout

@@ -17,7 +17,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from karios.common.bus.subjects import Subjects
 
@@ -125,7 +125,7 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, replicas: int
                 log.info("stream created", extra={"stream": cfg.name, "replicas": replicas})
                 continue
             await _retrying(cfg.name, lambda c=cfg: js.update_stream(c))
-        except BadRequestError as exc:
+        except APIError as exc:
             if replicas > 1 and "replica" in str(exc.description or "").lower():
                 raise ReplicasUnavailable(
                     f"stream {cfg.name}: KARIOS_BUS_REPLICAS={replicas} needs a JetStream cluster of "
