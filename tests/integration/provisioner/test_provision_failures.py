@@ -157,9 +157,7 @@ async def test_unreachable_and_failing_bmc_fail_clearly(stack):
     assert "failed after 2 tries" in f1["message"] and "10.99.1.1" in f1["message"]
     assert "refused the credentials" in f2["message"]
     # Checked before building: no medium was ever written, and the job never built one.
-    assert (
-        not (stack.cfg.media_dir / f"{j1}.slot").exists() and not (stack.cfg.media_dir / f"{j2}.slot").exists()
-    )
+    assert not any((stack.cfg.media_dir / f"{j}.slot").exists() for j in (j1, j2))
     assert stages == ["Queued", "Failed"], stages
     print(f"\nunreachable BMC: POST → failed in {took:.2f}s")
     assert took < 15  # seconds, not a build plus the BMC's full retry budget

@@ -304,9 +304,7 @@ def rule_ospf_auth(cfg: FabricConfigFields, ctx: RuleContext) -> list[Violation]
         if ctx.ospf_auth_key_len > limit:
             out.append(Violation("ospf_auth_key", f"{t} keys are at most {limit} characters"))
         if ctx.ospf_auth_key_space:
-            out.append(
-                Violation("ospf_auth_key", "must not contain whitespace (FRR cuts keys there)")
-            )
+            out.append(Violation("ospf_auth_key", "must not contain whitespace (FRR cuts keys there)"))
     if not 1 <= cfg.ospf_auth_key_id <= 255:
         out.append(
             Violation("ospf_auth_key_id", f"{cfg.ospf_auth_key_id} is outside 1..255 ({t} needs a key id)")
@@ -319,9 +317,7 @@ def rule_bgp_password(_cfg: FabricConfigFields, ctx: RuleContext) -> list[Violat
     if ctx.bgp_password_len > BGP_PASSWORD_MAX:
         out.append(Violation("bgp_password", f"at most {BGP_PASSWORD_MAX} characters (TCP-MD5 key)"))
     if ctx.bgp_password_space:
-        out.append(
-            Violation("bgp_password", "must not contain whitespace (FRR cuts it there)")
-        )
+        out.append(Violation("bgp_password", "must not contain whitespace (FRR cuts it there)"))
     return out
 
 
