@@ -11,11 +11,11 @@ missing) so that the load generator is not Python:
    connections: limit >= 0.25x nginx and p99 < 25 ms. 1b: the same bootapi (boot_storm's fake
    inventory on the shared NATS) with and without its pure-ASGI ``IpxeFastPath``.
 2. gateway authenticated reads, 100 connections: ``/controlnode/tokens/self`` (the auth path
-   alone), ``/controlnode/provision/queue`` (auth + a bus query): limit p99 < 50 ms.
+   alone), ``/controlnode/provision/queue`` (auth + a bus query): limit p99 < 50 ms. Rows
+   "1 connection": the service time of one request without queueing.
 3. 10,000 registered nodes: ``/controlnode/nodes`` first and last page (limit=100) and a point
    lookup, at 100 nodes (registered through the API) and at 10,000 (the rest inserted in SQL):
-   limit p99 at 10k <= 1.5x p99 at 100 (noise on a shared machine). Rows "1 conn": one
-   connection, i.e. the service time of one request without queueing.
+   limit p99 at 10k <= 1.5x p99 at 100 (noise on a shared machine).
 4. ``--sse``: ``benchmarks/sse_pipeline.py --rate 10 --clients 1000`` (its own process).
 """
 
@@ -54,9 +54,8 @@ def mac_of(i: int) -> str:
 
 
 def ensure_tools() -> None:
-    missing = [p for p, exe in (("wrk", "wrk"), ("nginx-light", "nginx")) if not shutil.which(exe)]
-    if not shutil.which("nginx") and Path("/usr/sbin/nginx").exists():
-        missing = [m for m in missing if m != "nginx-light"]
+    tools = (("wrk", "/usr/bin/wrk"), ("nginx-light", "/usr/sbin/nginx"))
+    missing = [pkg for pkg, exe in tools if not Path(exe).exists()]
     if missing:
         subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, capture_output=True)
 
