@@ -85,12 +85,16 @@ def watch_jobs(api: Api, job_ids: list[str], console: Console, *, until: str | N
     )
     tasks = {jid: progress.add_task(jid, total=100, stage="") for jid in job_ids}
 
+    printed: dict[str, tuple[str, str, str, int]] = {}
+
     def show(j: JobLine) -> None:
         desc = f"{j.bmc_ip or j.job_id:<16} {j.state:<14}"
         progress.update(
             tasks[j.job_id], description=desc, completed=j.percent, stage=j.stage or j.message[:40]
         )
-        if not live:
+        sig = (j.state, j.status, j.stage, j.percent)
+        if not live and printed.get(j.job_id) != sig:
+            printed[j.job_id] = sig
             console.print(
                 f"{time.strftime('%H:%M:%S')} {j.bmc_ip:<16} {j.state:<14} {j.status:<9} "
                 f"{j.percent:>3}% {j.elapsed:6.1f}s {j.stage or j.message}",
