@@ -296,6 +296,21 @@ async def stage_times(s: System) -> dict[str, dict[str, float]]:
     return out
 
 
+def cpu_seconds(s: System, emus: list[RedfishEmulator]) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the provisioner, the gateway and the emulators."""
+
+    def of(p: psutil.Process) -> float:
+        t = p.cpu_times()
+        return float(t.user + t.system)
+
+    kids = {" ".join(c.cmdline()[-2:]): c for c in psutil.Process(s.proc.pid).children(recursive=True)}
+    return {
+        "provisioner": of(kids["run provisioner"]),
+        "api-gateway": of(kids["run api-gateway"]),
+        "emulators": sum(of(psutil.Process(e._proc.pid)) for e in emus if e._proc is not None),
+    }
+
+
 def pct(values: list[float], p: float) -> float:
     if not values:
         return float("nan")
@@ -334,6 +349,7 @@ def main() -> None:
         db0 = asyncio.run(sql(s.db_url, "SELECT pg_database_size(current_database())"))[0][0]
         peak = {"rss": float(s.provisioner().memory_info().rss), "active": 0.0}
         rss0 = peak["rss"]
+        cpu0 = cpu_seconds(s, emus)
         t0 = time.time()
         parent = str(uuid.uuid4())
         jobs = asyncio.run(post_batch(s, a.hosts, parent))
@@ -343,10 +359,12 @@ def main() -> None:
         rows = asyncio.run(
             sql(s.db_url, "SELECT id, state, extract(epoch FROM reset_at), message FROM provision.jobs")
         )
+        cpu = {k: v - cpu0[k] for k, v in cpu_seconds(s, emus).items()}
         disk1 = du(state)
         base = du(cache) - cache0  # the base ISO(s): once per configuration, not per host
         db1 = asyncio.run(sql(s.db_url, "SELECT pg_database_size(current_database())"))[0][0]
         times = asyncio.run(stage_times(s))
+        peak.update({f"cpu:{k}": v for k, v in cpu.items()})
         report(
             a,
             emus,
@@ -382,8 +400,8 @@ def report(a, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk
         )
     stream = times.pop("_stream", {})
     spans = {
-        "queued → building_media (admission wait)": ("queued", "building_media"),
-        "building_media → mounting (probe + medium)": ("building_media", "mounting"),
+        "queued → building_media (admission wait + BMC probe)": ("queued", "building_media"),
+        "building_media → mounting (medium)": ("building_media", "mounting"),
         "mounting → booting (insert, boot override)": ("mounting", "booting"),
         "queued → booting": ("queued", "booting"),
     }
@@ -413,6 +431,12 @@ def report(a, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk
         f"{stream.get('bytes', 0) / 2**20:.2f} MiB |"
     )
     print(f"| wall time of the run | {wall:.1f} s |")
+    intake = [t["queued"] - t0 for t in times.values() if "queued" in t]
+    print(f"| last job recorded by the provisioner (its queued event) | {max(intake, default=0):.1f} s |")
+    cpu = ", ".join(f"{k[4:]} {v:.0f} s" for k, v in peak.items() if k.startswith("cpu:"))
+    print(f"| CPU seconds during the run | {cpu} |")
+    per_host = peak.get("cpu:provisioner", 0) / max(1, a.hosts) * 1000
+    print(f"| provisioner CPU per host | {per_host:.0f} ms |")
     print("\n| stage | p50 s | p90 s | p99 s | max s |\n| --- | --- | --- | --- | --- |")
     for name, (a_, b_) in spans.items():
         d = [t[b_] - t[a_] for t in times.values() if a_ in t and b_ in t]
