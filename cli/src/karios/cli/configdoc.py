@@ -50,7 +50,8 @@ def render() -> str:
             env = f"{prefix}{name}".upper()
             alias = field.validation_alias
             if alias is not None and hasattr(alias, "choices"):
-                env = " / ".join(f"{prefix}{c}".upper() for c in alias.choices)
+                # pydantic-settings reads an alias as the whole variable name (no prefix added).
+                env = " / ".join(str(c).upper() for c in alias.choices)
             desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
             out.append(f"| `{env}` | {_default(name, field)} | {desc} |")
         out.append("")

@@ -62,9 +62,17 @@ class ProvisionerConfig(BaseSettings):
         "(address included). Empty: trust on first use, each BMC's certificate fingerprint pinned on "
         'first contact and a changed one refused. Per-BMC opt-out: bmc_endpoints {"tls": "insecure"}',
     )
-    bmc_default_user: str = Field("", validation_alias=AliasChoices("bmc_user", "bmc_default_user"))
+    # An alias replaces the env prefix: spell the variables out (populate_by_name keeps the field name).
+    bmc_default_user: str = Field(
+        "",
+        validation_alias=AliasChoices("KARIOS_PROVISIONER_BMC_USER", "KARIOS_PROVISIONER_BMC_DEFAULT_USER"),
+    )
     bmc_default_password: str = Field(
-        "", validation_alias=AliasChoices("bmc_password", "bmc_default_password"), repr=False
+        "",
+        validation_alias=AliasChoices(
+            "KARIOS_PROVISIONER_BMC_PASSWORD", "KARIOS_PROVISIONER_BMC_DEFAULT_PASSWORD"
+        ),
+        repr=False,
     )
     bmc_timeout: float = Field(10.0, gt=0)
     bmc_retries: int = Field(3, ge=0)
