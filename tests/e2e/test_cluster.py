@@ -169,7 +169,7 @@ def diagnose(up: KariosUp, emu: RedfishEmulator, gateway: str, jobs: list[str], 
         lines.append(f"{job} {view['job_status']} resets={resets_seen(emu, sid, mark)}{note}")
     for log in sorted((up.state / "logs").glob("*.log")):
         errors = [ln for ln in log.read_text(errors="replace").splitlines() if '"error"' in ln or "ERR" in ln]
-        lines += [f"{log.name}: {ln[:300]}" for ln in errors[-5:]]
+        lines += [f"{log.name}: {ln[:300]} … {ln[-1200:] if len(ln) > 300 else ''}" for ln in errors[-5:]]
     return "\n".join([*lines, bus_and_outbox(up), up.text()[-3000:]])
 
 
