@@ -92,7 +92,7 @@ def watch_jobs(api: Api, job_ids: list[str], console: Console, *, until: str | N
         progress.update(
             tasks[j.job_id], description=desc, completed=j.percent, stage=j.stage or j.message[:40]
         )
-        sig = (j.state, j.status, j.stage, j.percent)
+        sig = (j.state, j.status, j.stage or j.message, j.percent)  # what the line shows
         if not live and printed.get(j.job_id) != sig:
             printed[j.job_id] = sig
             console.print(
