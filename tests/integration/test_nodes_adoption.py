@@ -29,7 +29,7 @@ from karios.fabric_worker.app import create_app as worker_app
 from karios.fabric_worker.settings import FabricWorkerSettings
 from karios.inventory.app import create_app as inventory_app
 from tests.fixtures.apps import ADMIN
-from tests.fixtures.fabric import VIEWER, VIEWER_TOKEN, finished, forget_jobs, sql
+from tests.fixtures.fabric import VIEWER, VIEWER_TOKEN, finished, forget_every_node, forget_jobs, sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
 import fabric_lab
@@ -138,7 +138,7 @@ async def api(settings, serve, lab):
     )
     await serve(worker_app(settings, rollout_settings=rollout))
     await forget_jobs(settings)
-    await _forget_lab_nodes(settings)
+    await forget_every_node(settings)  # the listing and the apply must see only this lab's nodes
     gw = await serve(gateway_app(settings))
     await create_token(gw.app.state.runtime.db, "viewer-vic", Role.viewer, VIEWER_TOKEN)
     async with httpx.AsyncClient(base_url=gw.url, timeout=120, headers=ADMIN) as c:

@@ -27,7 +27,15 @@ from karios.fabric_worker.app import create_app as worker_app
 from karios.fabric_worker.settings import FabricWorkerSettings
 from karios.inventory.app import create_app as inventory_app
 from tests.fixtures.apps import ADMIN
-from tests.fixtures.fabric import VIEWER, VIEWER_TOKEN, finished, forget_jobs, sql
+from tests.fixtures.fabric import (
+    VIEWER,
+    VIEWER_TOKEN,
+    finished,
+    forget_every_node,
+    forget_fabric_config,
+    forget_jobs,
+    sql,
+)
 from tests.fixtures.wait import wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
@@ -101,9 +109,11 @@ async def api(settings, serve, lab):
     )
     await serve(worker_app(settings, rollout_settings=rollout))
     await forget_jobs(settings)
+    await forget_fabric_config(settings)  # earlier tests on the shared database may leave theirs
+    await forget_every_node(settings)
     await _forget(settings)
     gw = await serve(gateway_app(settings))
-    await create_token(gw.app.state.runtime.db, "viewer-diff", Role.viewer, VIEWER_TOKEN)
+    await create_token(gw.app.state.runtime.db, "viewer-vic", Role.viewer, VIEWER_TOKEN)
     async with httpx.AsyncClient(base_url=gw.url, timeout=120, headers=ADMIN) as c:
         yield c
         await c.delete("/controlnode/fabric-config")

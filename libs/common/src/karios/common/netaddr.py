@@ -71,3 +71,13 @@ def _optional(fn):  # type: ignore[no-untyped-def]
 
 OptMacStr = Annotated[str | None, AfterValidator(_optional(normalize_mac))]
 OptIPStr = Annotated[str | None, AfterValidator(_optional(normalize_ip))]
+
+
+def ip_sort_key(ip: str) -> tuple[int, int | str]:
+    """Order addresses numerically, IPv4 before IPv6 (mixed versions cannot be compared), and
+    anything unparsable last, by text."""
+    try:
+        a = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return (9, ip)
+    return (a.version, int(a))

@@ -5,7 +5,6 @@ BMC link from it."""
 
 from __future__ import annotations
 
-import ipaddress
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
@@ -14,16 +13,9 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from karios.common.contracts.inventory import NodeAccess
 from karios.common.contracts.nodes import ComputeNode, NodeCredentials
+from karios.common.netaddr import ip_sort_key
 from karios.inventory import registry
 from karios.inventory.models import SCHEMA, BmcInfo, ComputeNodeRow
-
-
-def _ip_order(ip: str) -> tuple[int, int | str]:
-    try:
-        a = ipaddress.ip_address(ip.split("%", 1)[0])
-        return (a.version, int(a))
-    except ValueError:
-        return (9, ip)
 
 
 def auth_of(password_enc: str | None, key_enc: str | None) -> str:
@@ -87,7 +79,7 @@ async def node_set(session: AsyncSession) -> list[tuple[ComputeNodeRow | None, B
     for c in (await session.exec(select(ComputeNodeRow))).all():
         linked = by_ip.get(c.node_ip, (None, None))[1]
         by_ip[c.node_ip] = (c, linked)
-    return [by_ip[ip] for ip in sorted(by_ip, key=_ip_order)]
+    return [by_ip[ip] for ip in sorted(by_ip, key=ip_sort_key)]
 
 
 Pair = tuple[ComputeNodeRow | None, BmcInfo | None]

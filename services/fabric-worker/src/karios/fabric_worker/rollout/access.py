@@ -16,6 +16,7 @@ from karios.common.contracts.inventory import NodeAccess
 from karios.common.contracts.nodes import NodeCredentials, password_context, private_key_context
 from karios.common.crypto import SecretBox
 from karios.common.errors import Conflict, ValidationFailed
+from karios.common.netaddr import ip_sort_key
 from karios.fabric_worker.config import store
 from karios.fabric_worker.models import FabricConfigRow
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeTarget
@@ -143,7 +144,7 @@ def node_targets(
                 known_host_key=a.ssh_host_key or known.get(a.node_ip),
             )
         )
-    return sorted(out, key=lambda t: ipaddress.ip_address(t.node_ip))
+    return sorted(out, key=lambda t: ip_sort_key(t.node_ip))
 
 
 def adoption_target(creds: NodeCredentials, box: SecretBox, key: str | None, known: str | None) -> NodeTarget:

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from karios.common.contracts.fabric_rollout import VtepPoolHeadroom
+from karios.common.netaddr import ip_sort_key
 from karios.fabric_worker.config.pool import VtepPool
 
 
@@ -203,14 +204,14 @@ def allocate_vteps(
         if ip in node_ips and pool.contains(vtep) and vtep not in result.values():
             result[ip] = str(ipaddress.IPv4Address(vtep))
     free = (str(a) for a in pool.addresses() if str(a) not in result.values())
-    for ip in sorted(set(node_ips) - result.keys(), key=lambda s: ipaddress.ip_address(s)):
+    for ip in sorted(set(node_ips) - result.keys(), key=ip_sort_key):
         vtep = next(free, None)
         if vtep is None:
             raise VtepPoolExhausted(
                 f"VTEP pool {pool.subnet} has no free address for {ip} (capacity {pool.total_usable})"
             )
         result[ip] = vtep
-    return dict(sorted(result.items(), key=lambda kv: ipaddress.ip_address(kv[0])))
+    return dict(sorted(result.items(), key=lambda kv: ip_sort_key(kv[0])))
 
 
 OverrideMode = Literal["reuse", "needs_override", "unreachable"]
