@@ -37,6 +37,12 @@ async def recover_stale(svc: RolloutService) -> int:
 
 
 async def take_over(svc: RolloutService, job_id: str) -> None:
+    live = svc.registry.running_job()
+    if live is not None and live.job_id == job_id:
+        # Our own apply, still running: its heartbeat only looked stale (e.g. the database was
+        # paused). Renew the lease instead of reaping ourselves.
+        await svc.repo.heartbeat(job_id, live.summary)
+        return
     before = await svc.repo.get_row(job_id)
     previous = before.owner if before is not None else ""
     row = await svc.repo.claim(job_id, svc.settings.lease)
