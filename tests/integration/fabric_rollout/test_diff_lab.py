@@ -34,6 +34,7 @@ from tests.fixtures.fabric import (
     forget_every_node,
     forget_fabric_config,
     forget_jobs,
+    lab_config,
     sql,
 )
 from tests.fixtures.wait import wait_until
@@ -43,20 +44,7 @@ import fabric_lab
 
 pytestmark = pytest.mark.lab
 CI = os.environ.get("CI", "").lower() == "true"
-CONFIG = {
-    "as": 65000,
-    "fabric_switch_as": 65000,
-    "fabric_switch_name": "rr",
-    "fabric_switch_nos": "other",
-    "fabric_switch_peering_ip": fabric_lab.FABRIC_IP,
-    "fabric_switch_role": "spine",
-    "management_cidr": "198.18.0.0/24",
-    "router_id_cidr": "198.19.1.1/24",
-    "vxlan_mtu": 9000,
-    "ospf_enabled": False,
-    "expected_nodes": 3,
-    "skip_switch_ack": True,
-}
+CONFIG = lab_config()
 BGP_PW = "Bgp-Preview-S3cret"
 OSPF_KEY = "OspfKey77"
 SECRETS = {
