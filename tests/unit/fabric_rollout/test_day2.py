@@ -17,10 +17,12 @@ from karios.fabric_worker.rollout.intent import FabricIntent, NodeTarget
 from karios.fabric_worker.rollout.jobs import ApplyJob, RolloutEvent
 from karios.fabric_worker.rollout.node import NodeEvent, NodeResult
 from karios.fabric_worker.rollout.plan import (
+    FENCED_EXIT,
     INTERRUPT_STEP_SCRIPT,
     STEP_DIR,
     STEP_PIDFILE,
     STEP_PIDFILE_NO_FRR,
+    interrupt_step_script,
     step_command,
 )
 from karios.fabric_worker.rollout.preflight import PreflightNode, resolve_node, summarize
@@ -165,6 +167,27 @@ def test_interrupt_kills_the_running_step_and_reports_it(tmp_path: Path) -> None
         assert again.stdout.strip() == ""  # nothing running: nothing to interrupt
     finally:
         proc.kill()
+
+
+def test_a_step_that_starts_after_the_rollback_looked_for_it_does_not_run(tmp_path: Path) -> None:
+    # sshd may fork a step the client sent just before the cancel only after the rollback ran its
+    # interrupt: with the apply's fence token written first, that late step exits untouched.
+    done = tmp_path / "changed"
+    interrupt = _local(interrupt_step_script("run-a"), tmp_path)
+    out = subprocess.run(["sh", "-c", interrupt], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0 and out.stdout.strip() == ""
+    late = subprocess.run(
+        ["sh", "-c", _local(step_command(f"touch {done}", fence="run-a"), tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert late.returncode == FENCED_EXIT and "fenced" in late.stderr
+    assert not done.exists()
+    # The rollback's own steps (no token) and a later apply (another token) run normally.
+    for cmd in (step_command(f"touch {done}"), step_command(f"touch {done}.b", fence="run-b")):
+        assert subprocess.run(["sh", "-c", _local(cmd, tmp_path)], timeout=10).returncode == 0
+    assert done.exists() and (tmp_path / "changed.b").exists()
 
 
 def test_a_package_install_step_is_waited_for_never_killed(tmp_path: Path) -> None:

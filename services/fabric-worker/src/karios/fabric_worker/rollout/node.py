@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
+from secrets import token_hex
 from typing import TypeVar
 
 from pydantic import BaseModel
@@ -33,7 +34,6 @@ from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, Node
 from karios.fabric_worker.rollout.plan import (
     FRR_FORCE_STOP,
     INSTALL_FRR_SCRIPT,
-    INTERRUPT_STEP_SCRIPT,
     DesiredNetwork,
     FrrAction,
     FrrPlan,
@@ -41,6 +41,7 @@ from karios.fabric_worker.rollout.plan import (
     frr_action_command,
     frr_plan,
     frr_rollback_plan,
+    interrupt_step_script,
     network_commands,
     overlay_mtu,
     parse_evpn_summary,
@@ -100,19 +101,20 @@ class NodeResult(BaseModel):
     duration_s: float = 0.0
 
 
-async def apply_frr_plan(s: NodeSession, plan: FrrPlan, limit_s: float) -> None:
+async def apply_frr_plan(s: NodeSession, plan: FrrPlan, limit_s: float, *, fence: str = "") -> None:
     """Write/delete the managed files and start/restart/reload/stop FRR (stop before writing).
     Each command is an interruptible step (:func:`step_command`): a cancel kills it."""
     stop_first = plan.action is FrrAction.STOP
     if stop_first:
-        await s.run(step_command(frr_action_command(plan.action) or "true"), limit_s=limit_s)
+        await s.run(step_command(frr_action_command(plan.action) or "true", fence=fence), limit_s=limit_s)
     for name in MANAGED_FILES:
         if name in plan.writes:
             content = plan.writes[name]
-            await s.run(step_command(write_file_command(name, content)), input=content, limit_s=limit_s)
-    cmd = None if stop_first else frr_action_command(plan.action)
-    if cmd:
-        await s.run(step_command(cmd), limit_s=limit_s)
+            cmd = step_command(write_file_command(name, content), fence=fence)
+            await s.run(cmd, input=content, limit_s=limit_s)
+    action = None if stop_first else frr_action_command(plan.action)
+    if action:
+        await s.run(step_command(action, fence=fence), limit_s=limit_s)
 
 
 async def until_abort(work: Awaitable[T], abort: asyncio.Event | None, label: str) -> T:
@@ -161,6 +163,7 @@ class NodeRollout:
         self._progress = progress or _no_progress
         self.baseline: NodeFacts | None = None
         self.result = NodeResult(node_ip=target.node_ip, fqdn=target.fqdn, vtep_ip=vtep_ip)
+        self._fence = token_hex(8)  # tags this run's steps; the rollback fences them
         self._secrets = intent.secrets() + [
             s.get_secret_value() for s in (target.password, target.private_key) if s is not None
         ]
@@ -203,10 +206,11 @@ class NodeRollout:
 
     async def _run_script(self, s: NodeSession, cmds: list[str]) -> None:
         if cmds:
-            await s.run(step_command("set -e\n" + "\n".join(cmds)), limit_s=self.options.command_timeout)
+            cmd = step_command("set -e\n" + "\n".join(cmds), fence=self._fence)
+            await s.run(cmd, limit_s=self.options.command_timeout)
 
     async def _apply_frr(self, s: NodeSession, plan: FrrPlan) -> None:
-        await apply_frr_plan(s, plan, self.options.command_timeout)
+        await apply_frr_plan(s, plan, self.options.command_timeout, fence=self._fence)
 
     async def _keep_baseline(self) -> None:
         if not self._baseline_kept and self._before_change is not None and self.baseline is not None:
@@ -268,7 +272,8 @@ class NodeRollout:
             await self._keep_baseline()
             await self._emit("node_installing_frr")
             r.touched = True
-            await s.run(step_command(INSTALL_FRR_SCRIPT, killable=False), limit_s=opts.install_timeout)
+            install = step_command(INSTALL_FRR_SCRIPT, killable=False, fence=self._fence)
+            await s.run(install, limit_s=opts.install_timeout)
             facts = await self._discover(s)
             r.steps.append("frr_installed")
         else:
@@ -342,6 +347,7 @@ class NodeRollout:
                 secrets=self._secrets,
                 progress=self._progress,
                 fqdn=self.result.fqdn,
+                fence=self._fence,
             )
             span.set_attribute("karios.outcome", "ok" if ok else "failed")
         metrics.step_done("rollback", ok, time.monotonic() - t0)
@@ -360,6 +366,7 @@ async def rollback_node(
     secrets: list[str] | None = None,
     progress: ProgressFn | None = None,
     fqdn: str = "",
+    fence: str = "",
 ) -> tuple[bool, str]:
     """Restore one node to `baseline` (files byte for byte, FRR running or not, vtep0 and the
     VXLAN devices). Idempotent: a node already at its baseline gets no change. Used by an
@@ -372,7 +379,8 @@ async def rollback_node(
     try:
         async with open_session(target, connect_timeout=opts.connect_timeout, secrets=secret_list) as s:
             # An interrupted package install is waited for (never killed): up to install_timeout.
-            killed = await s.run(INTERRUPT_STEP_SCRIPT, limit_s=opts.install_timeout)
+            # With the apply's fence token: a step it sent that starts only now does not run.
+            killed = await s.run(interrupt_step_script(fence), limit_s=opts.install_timeout)
             if "interrupted" in killed.stdout:  # a cancel cut a step short: FRR's state is unknown
                 await s.run(FRR_FORCE_STOP, limit_s=opts.command_timeout)
             try:

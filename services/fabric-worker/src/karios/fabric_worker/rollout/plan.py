@@ -201,17 +201,48 @@ STEP_PIDFILE = f"{STEP_DIR}/.karios-step.pid"
 STEP_PIDFILE_NO_FRR = "/run/.karios-step.pid"
 
 
-def step_command(command: str, *, killable: bool = True) -> str:
+# A step the SSH client sent just before a cancel may start on the node only after the rollback
+# looked for it (sshd forks late on a loaded host): it would then change the node behind the
+# rollback. Each apply therefore tags its steps with a fence token; the rollback writes the token to
+# a fence file *before* it reads the pid file, and a step writes its pid file *before* it reads the
+# fence — so either the rollback sees the step (and kills it) or the step sees the fence (and exits
+# without running).
+STEP_FENCES = (f"{STEP_PIDFILE}.fence", f"{STEP_PIDFILE_NO_FRR}.fence")
+FENCED_EXIT = 125
+
+
+def step_command(command: str, *, killable: bool = True, fence: str = "") -> str:
     """`command` as an interruptible step (stdin passes through; exit status kept). A step
-    that is not `killable` (the package install: dpkg is never killed half-way) is waited for."""
+    that is not `killable` (the package install: dpkg is never killed half-way) is waited for.
+    With a `fence` token, the step does not run once a rollback has fenced that token."""
     pick = f"f={shlex.quote(STEP_PIDFILE)}; [ -d {STEP_DIR} ] || f={shlex.quote(STEP_PIDFILE_NO_FRR)}; "
     how = "kill" if killable else "wait"
+    check = ""
+    if fence:
+        files = " ".join(shlex.quote(p) for p in STEP_FENCES)
+        check = (
+            f"if cat {files} 2>/dev/null | grep -qxF -- {shlex.quote(fence)}; then "
+            f"echo 'karios: step fenced by a rollback' >&2; exit {FENCED_EXIT}; fi; "
+        )
     return (
-        pick + f'echo "$$ {how}" > "$f" && {{ sh -c {shlex.quote(command)}; rc=$?; rm -f "$f"; exit $rc; }}'
+        pick
+        + f'echo "$$ {how}" > "$f" && {check}{{ sh -c {shlex.quote(command)}; rc=$?; rm -f "$f"; exit $rc; }}'
     )
 
 
-INTERRUPT_STEP_SCRIPT = f"""\
+def interrupt_step_script(fence: str = "") -> str:
+    """Kill the step in progress (wait for one that is not killable); with `fence`, first stop
+    every later step of that apply from running. Prints ``interrupted`` when a step was cut."""
+    fence_cmd = ""
+    if fence:  # next to where this node's steps keep their pid file (/run may be shared)
+        fence_cmd = (
+            f"ff={shlex.quote(STEP_FENCES[0])}; [ -d {STEP_DIR} ] || ff={shlex.quote(STEP_FENCES[1])}; "
+            f'echo {shlex.quote(fence)} > "$ff"\n'
+        )
+    return fence_cmd + _INTERRUPT_LOOP
+
+
+_INTERRUPT_LOOP = f"""\
 for f in {shlex.quote(STEP_PIDFILE)} {shlex.quote(STEP_PIDFILE_NO_FRR)}; do
   set -- $(cat "$f" 2>/dev/null)
   p=${{1:-}}; how=${{2:-kill}}
@@ -227,7 +258,9 @@ for f in {shlex.quote(STEP_PIDFILE)} {shlex.quote(STEP_PIDFILE_NO_FRR)}; do
   fi
   rm -f "$f"
 done
+true
 """
+INTERRUPT_STEP_SCRIPT = interrupt_step_script()
 # After an interrupted step: FRR is stopped whatever state it was left in (never fails).
 FRR_FORCE_STOP = f"{FRRINIT} stop >/dev/null 2>&1; true"
 
