@@ -117,3 +117,29 @@ def _pid_changed(up: KariosUp, service: str, old: int) -> bool:
         return up.service_pid(service) != old
     except LookupError:
         return False
+
+
+@pytest.mark.timeout(300)
+def test_a_service_killed_while_starting_is_restarted_and_the_system_comes_up():
+    # Start-up is supervised too: a service that dies before it is ready (a port still held a
+    # moment, a database still starting) is restarted, not a reason to stop everything.
+    with state_dir("karios-e2e-") as root:
+        up = KariosUp(root / "state")
+        try:
+            pid = wait_until_sync(lambda: _pid_or_none(up, "fabric-worker"), timeout=60, interval=0.02)
+            os.kill(pid, signal.SIGKILL)
+            up.wait_started()
+            assert up.service_pid("fabric-worker") != pid
+            assert http_get(f"http://127.0.0.1:{up.ports['fabric-worker']}/readyz")[0] == 200
+        finally:
+            up.stop()
+    text = up.text()
+    assert "fabric-worker exited with code -9; restarting in" in text
+    assert "failed to start" not in text
+
+
+def _pid_or_none(up: KariosUp, service: str) -> int | None:
+    try:
+        return up.service_pid(service)
+    except LookupError:
+        return None

@@ -49,6 +49,14 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], deadline: float) -> Non
     raise RuntimeError("not ready in time")
 
 
+def _ready_now(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 (our own 127.0.0.1 URL)
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
 def _up_env(state: Path) -> tuple[dict[str, str], str]:
     """The services' environment (dev mode, persisted key and admin token) and the admin token."""
     env = dict(os.environ)
@@ -231,15 +239,33 @@ class Up:
         return host, urls
 
     def _wait_all_ready(self, urls: dict[str, str]) -> bool:
+        """Every child ready before the deadline. Start-up is supervised like the rest of the
+        run: a child that exits early (a port a moment ago still held, a database still
+        starting) is restarted with backoff; only a crash loop or the deadline fails it."""
         deadline = time.monotonic() + self.args.timeout
-        for name, child in self.sup.children.items():
-            assert child.proc is not None
+        pending = dict(self.sup.children)
+        while pending:
             try:
-                _wait_ready(child.ready_url, child.proc, deadline)
-            except RuntimeError as exc:
-                print(f"karios: {name} failed to start: {exc}; see {child.log_path}", file=sys.stderr)
+                self.sup.poll()
+            except CrashLoop as exc:
+                child = self.sup.children[str(exc)]
+                print(f"karios: {child.name} failed to start; see {child.log_path}", file=sys.stderr)
                 return False
-            print(f"  {name:14s} ready  {urls[name]}", flush=True)
+            for name, child in list(pending.items()):
+                if child.restart_at is None and _ready_now(child.ready_url):
+                    print(f"  {name:14s} ready  {urls[name]}", flush=True)
+                    child.down_since = None
+                    del pending[name]
+            if pending and time.monotonic() >= deadline:
+                for name, child in pending.items():
+                    print(
+                        f"karios: {name} failed to start: not ready in {self.args.timeout:.0f} s; "
+                        f"see {child.log_path}",
+                        file=sys.stderr,
+                    )
+                return False
+            if pending:
+                time.sleep(0.1)
         return True
 
     def _supervise(self) -> int:
