@@ -331,7 +331,10 @@ async def test_cancel_during_an_frr_restart_bites_within_2_s_and_rolls_the_resta
         assert lab.node_exec(n, "ip link show vxlan300").returncode != 0
         assert node_state(lab, n)["frr_running"]
         assert lab.node_exec(n, "kill -0 $(cat /run/frr/bfdd.pid) 2>/dev/null").returncode != 0, n.name
-        assert sh(lab, n, "ls -A /run/frr | grep -c karios-step || true") == "0"
+        # No step left recorded; the fence (the cancelled run's token) stays so that a step of
+        # that run still in flight can never start later.
+        assert sh(lab, n, "ls -A /run/frr | grep -c 'karios-step.pid$' || true") == "0"
+        assert len(sh(lab, n, "cat /run/frr/.karios-step.pid.fence")) == 16
     assert wait_until_sync(
         lambda: set(lab.rr_evpn_peer_states().values()) == {"Established"},
         timeout=30,
