@@ -71,6 +71,19 @@ def _need_prometheus() -> None:
     _need(None if PROMETHEUS and PROMTOOL else "prometheus/promtool not installed (tests/lab/setup.sh)")
 
 
+def test_shipped_prometheus_config_is_valid_and_scrapes_every_replica() -> None:
+    _need_prometheus()
+    shipped = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+    check = subprocess.run(
+        [PROMTOOL, "check", "config", "--syntax-only", str(shipped)], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    jobs = {j["job_name"]: j for j in yaml.safe_load(shipped.read_text())["scrape_configs"]}
+    for service in ("api-gateway", "bootapi", "provisioner", "inventory", "fabric-worker"):
+        # one DNS name, one A record per compose replica: every replica is scraped
+        assert jobs[f"karios-{service}"]["dns_sd_configs"][0]["names"] == [service]
+
+
 def test_alert_rules_pass_promtool() -> None:
     _need_prometheus()
     rules = sorted(str(p) for p in RULES.glob("*.yml"))
@@ -91,6 +104,7 @@ def scrape_config(targets: dict[str, str], interval: str = "1s") -> dict:
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     for service, url in targets.items():
         job = jobs[f"karios-{service}"]  # every service has its job in the shipped config
+        job.pop("dns_sd_configs", None)  # compose finds the replicas by DNS; here: this test's ports
         job["static_configs"] = [{"targets": [url.removeprefix("http://")]}]
     cfg["scrape_configs"] = [j for j in cfg["scrape_configs"] if j["job_name"].startswith("karios-")]
     return cfg
