@@ -5,12 +5,19 @@ The demo servers' BMCs get documentation addresses (192.0.2.11, .12, …: TEST-N
 host) in the demo inventory; one sushy-emulator on 127.0.0.1 serves them all, and
 ``KARIOS_PROVISIONER_BMC_ENDPOINTS`` (written by the demo) maps each address to its emulated system.
 The address is the BMC's key, so several servers cannot all be 127.0.0.1 (see docs/cli.md).
+
+``karios demo --fabric`` (root) also builds a 3-node FRR fabric in network namespaces with a route
+reflector (``demo_fabric.py``), adopts the nodes through the gateway and stores a fabric
+configuration for them; stopping the demo removes every namespace, link and process it created.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
+import shutil
 import sys
 import urllib.request
 from pathlib import Path
@@ -19,6 +26,7 @@ from typing import Annotated
 import typer
 import yaml
 
+from karios.cli import demo_fabric
 from karios.cli.demo_bmc import DemoBmcs
 from karios.cli.up import Up
 
@@ -54,6 +62,8 @@ class Demo(Up):
         self.bmc_ips = demo_bmc_ips(args.servers)
         self.gateway_url = ""
         self.bmcs = DemoBmcs(state / "demo-bmcs", count=args.servers, executable=args.sushy_emulator)
+        self.lab = demo_fabric.demo_lab() if getattr(args, "fabric", False) else None
+        self.adopted: list[dict[str, object]] = []
 
     def _start_backends(self) -> None:
         super()._start_backends()
@@ -70,6 +80,8 @@ class Demo(Up):
         )
         from karios.provisioner.media import netboot_dir
 
+        if self.lab is not None:
+            self._start_fabric()
         if not (netboot_dir("12") / "linux").exists():
             print(
                 "karios demo: the Debian installer is missing, a provision will fail at 'building': "
@@ -77,13 +89,35 @@ class Demo(Up):
                 file=sys.stderr,
             )
 
+    def _start_fabric(self) -> None:
+        """The lab before the services start (the fabric worker gets the demo's VNIs and reaches
+        the nodes through the lab's host link)."""
+        assert self.lab is not None
+        print("karios demo: building the fabric lab (3 FRR nodes + route reflector)…", flush=True)
+        self.lab.start()
+        (self.state / demo_fabric.DEMO_LAB_FILE).write_text(
+            json.dumps(demo_fabric.describe(self.lab), indent=1)
+        )
+        self.env.update(demo_fabric.demo_worker_env())
+
     def shutdown(self, *_a: object) -> None:
         first = not self.stopping
-        super().shutdown()
+        super().shutdown()  # the services first: the fabric worker may be in an SSH session
         if first:
             self.bmcs.stop()
+            if self.lab is not None:
+                self.lab.stop()  # every namespace (and what runs in it), the host link, the workdir
+                (self.state / demo_fabric.DEMO_LAB_FILE).unlink(missing_ok=True)
+                print("karios demo: fabric lab removed", flush=True)
 
     def _supervise(self) -> int:
+        if self.lab is not None:
+            try:
+                self.adopted = demo_fabric.adopt_and_configure(self.lab, self.gateway_url, self.admin_token)
+            except RuntimeError as exc:
+                print(f"karios demo: {exc}", file=sys.stderr, flush=True)
+                self.shutdown()
+                return 1
         self._print_demo()
         return super()._supervise()
 
@@ -103,7 +137,27 @@ class Demo(Up):
         ]
         if gw and _answers(f"{gw}/console/login"):
             lines.append(f"  console: {gw}/console  (log in with the admin token above)")
+        if self.lab is not None:
+            lines += self._fabric_lines(gw)
         print("\n".join(lines), flush=True)
+
+    def _fabric_lines(self, gw: str) -> list[str]:
+        assert self.lab is not None
+        cfg = demo_fabric.demo_fabric_config()
+        vnis = ",".join(str(v) for v in demo_fabric.DEMO_VNIS)
+        return [
+            f"\nkarios demo --fabric: {len(self.lab.nodes)} nodes in network namespaces, adopted with "
+            f"their SSH key; route reflector (FRR) at {demo_fabric.FABRIC_IP} in {self.lab.fabric_netns}",
+            *(
+                f"  {n.name}  {n.underlay_ip:13s} netns {n.netns}  host key {n.host_key_fingerprint}"
+                for n in self.lab.nodes
+            ),
+            f"  fabric config stored: AS {cfg['as']}, VNIs {vnis}, peer {cfg['fabric_switch_peering_ip']} "
+            "(the route reflector)",
+            "Next:",
+            "  karios fabric apply --watch      (shows each node's diff, asks, rolls EVPN out)",
+            f"  console: {gw}/console/fabric",
+        ]
 
     def _add_services(self) -> tuple[str, dict[str, str]]:
         host, urls = super()._add_services()
@@ -123,11 +177,43 @@ def demo(
         str | None, typer.Option(help="a sushy-emulator executable (default: PATH, else a cached venv)")
     ] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for every service to be ready")] = 90.0,
+    fabric: Annotated[
+        bool,
+        typer.Option(
+            "--fabric", help="(root) also a 3-node FRR fabric in network namespaces, adopted and configured"
+        ),
+    ] = False,
 ) -> None:
     """`karios up` with emulated BMCs (sushy-tools) and a demo inventory: provision a fake server."""
     from karios.cli.up import state_dir
 
     args = argparse.Namespace(
-        timeout=timeout, max_crashes=5, crash_window=60.0, servers=servers, sushy_emulator=sushy_emulator
+        timeout=timeout,
+        max_crashes=5,
+        crash_window=60.0,
+        servers=servers,
+        sushy_emulator=sushy_emulator,
+        fabric=fabric,
     )
-    raise typer.Exit(Demo(args, state_dir() / "demo").run())
+    state = state_dir() / "demo"
+    if fabric:
+        reason = demo_fabric.demo_unavailable()
+        if reason:
+            print(f"karios demo --fabric: {reason}", file=sys.stderr)
+            raise typer.Exit(2)
+        # The lab is new on every run (new host keys): its own state dir, started empty, so no pin,
+        # VTEP or job of an earlier run's nodes is in the way.
+        state = state_dir() / "demo-fabric"
+        if os.environ.get("KARIOS_DATABASE_URL"):
+            print(
+                "karios demo --fabric: uses its own embedded PostgreSQL; unset KARIOS_DATABASE_URL",
+                file=sys.stderr,
+            )
+            raise typer.Exit(2)
+        shutil.rmtree(state, ignore_errors=True)
+    try:
+        code = Demo(args, state).run()
+    except (RuntimeError, TimeoutError) as exc:  # a lab or emulator that did not come up: one message
+        print(f"karios demo: {exc}", file=sys.stderr)
+        code = 1
+    raise typer.Exit(code)
