@@ -312,8 +312,36 @@ def targets_of(lab) -> list[NodeTarget]:
     ]
 
 
-def karios_apply(intent: FabricIntent, targets: list[NodeTarget], vteps: dict[str, str]):
-    job = ApplyJob(intent, targets, vteps, concurrency=len(targets), options=OPTS)
+PHASES = ("node_connecting", "node_committing", "node_verifying", "node_ready")
+
+
+class PhaseClock:
+    """When each node reached each step of its apply (the job's own progress events)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.at: dict[str, dict[str, float]] = {}
+
+    async def __call__(self, ev) -> None:
+        if ev.state in PHASES and ev.node_ip:
+            self.at.setdefault(ev.node_ip, {}).setdefault(ev.state, time.monotonic() - self.t0)
+
+    def spans(self) -> dict[str, tuple[float, float]]:
+        """Per step (connect+load, commit, verify): (median, max) seconds over the nodes."""
+        out = {}
+        for name, a, b in (
+            ("load", "node_connecting", "node_committing"),
+            ("commit", "node_committing", "node_verifying"),
+            ("verify", "node_verifying", "node_ready"),
+        ):
+            d = sorted(t[b] - t[a] for t in self.at.values() if a in t and b in t)
+            if d:
+                out[name] = (d[len(d) // 2], d[-1])
+        return out
+
+
+def karios_apply(intent: FabricIntent, targets: list[NodeTarget], vteps: dict[str, str], clock=None):
+    job = ApplyJob(intent, targets, vteps, concurrency=len(targets), options=OPTS, sink=clock)
     return asyncio.run(job.run())
 
 
@@ -587,6 +615,7 @@ class Row:
     cancel_status: str = ""
     rss_base_mib: float = 0.0  # this process (the worker's rollout core) before the apply
     rss_peak_mib: float = 0.0  # and its peak during the apply
+    phases: dict[str, tuple[float, float]] = field(default_factory=dict)  # step → (median, max) s
 
 
 def _route_dev(ip: str) -> str:
@@ -637,7 +666,9 @@ def host_lock_busy() -> bool:
         os.close(fd)
 
 
-def bench_one(n_nodes: int, intent: FabricIntent, venv: str, *, pipelining: bool, rerun: bool) -> Row:
+def bench_one(
+    n_nodes: int, intent: FabricIntent, venv: str, *, pipelining: bool, rerun: bool, with_ansible: bool
+) -> Row:
     row = Row(n=n_nodes)
     if host_lock_busy():
         print(
@@ -651,7 +682,7 @@ def bench_one(n_nodes: int, intent: FabricIntent, venv: str, *, pipelining: bool
         row.lab_start_s = time.monotonic() - t0
         try:
             wait_host_route(lab)
-            measure(lab, row, intent, venv, pipelining=pipelining, rerun=rerun)
+            measure(lab, row, intent, venv, pipelining=pipelining, rerun=rerun, with_ansible=with_ansible)
         finally:
             # Sessions closed gracefully before the namespaces go (see wait_host_link_gone).
             with contextlib.suppress(Exception):
@@ -660,7 +691,13 @@ def bench_one(n_nodes: int, intent: FabricIntent, venv: str, *, pipelining: bool
     return row
 
 
-def measure(lab, row: Row, intent: FabricIntent, venv: str, *, pipelining: bool, rerun: bool) -> None:
+def _phases(row: Row) -> str:
+    return ", ".join(f"{k} {m:.2f} / {x:.2f}" for k, (m, x) in row.phases.items()) or "–"
+
+
+def measure(
+    lab, row: Row, intent: FabricIntent, venv: str, *, pipelining: bool, rerun: bool, with_ansible: bool
+) -> None:
     n_nodes = len(lab.nodes)
     reset_nodes(lab)
     row.others = other_labs(lab)
@@ -671,9 +708,11 @@ def measure(lab, row: Row, intent: FabricIntent, venv: str, *, pipelining: bool,
 
     # (a) Karios
     t0 = time.monotonic()
+    clock = PhaseClock()
     with LoadSampler(lab) as load, RrWatch(lab, t0) as watch, RssPeak() as rss:
-        summary = karios_apply(intent, targets, vteps)
+        summary = karios_apply(intent, targets, vteps, clock)
         row.karios_s = time.monotonic() - t0
+    row.phases = clock.spans()
     row.rss_base_mib, row.rss_peak_mib = rss.base, rss.peak
     row.karios_cpu, row.karios_others = load.busy, load.others
     if summary.job_status != "completed":
@@ -703,9 +742,12 @@ def measure(lab, row: Row, intent: FabricIntent, venv: str, *, pipelining: bool,
         f"  karios: apply {row.karios_s:.2f} s (RR Established {fmt(row.karios_est_s)} s), "
         f"no-op {row.karios_noop_s:.2f} s, cancel: nodes stopped {fmt(row.cancel_stop_s)} s, "
         f"{row.cancel_status} (rolled back) {fmt(row.cancel_s)} s, "
-        f"RSS {row.rss_base_mib:.0f} → peak {row.rss_peak_mib:.0f} MiB",
+        f"RSS {row.rss_base_mib:.0f} → peak {row.rss_peak_mib:.0f} MiB, CPU busy {row.karios_cpu:.0f}%",
         flush=True,
     )
+    print("  karios per node (median / max s): " + _phases(row), flush=True)
+    if not with_ansible:
+        return
 
     # (b) Ansible
     project = AnsibleProject(venv, lab, intent, vteps, pipelining=pipelining)
@@ -762,8 +804,17 @@ def report(rows: list[Row], *, pipelining: bool, ansible_startup: float) -> None
             f"| {r.n} | {r.karios_s:.2f} | {r.karios_s / base:.2f}x | {r.karios_noop_s:.2f} | "
             f"{fmt(r.cancel_stop_s)} / {fmt(r.cancel_s)} ({r.cancel_status}) | "
             f"{r.rss_base_mib:.0f} / {r.rss_peak_mib:.0f} | "
-            f"{r.ansible_s:.2f} | {r.ansible_s / r.karios_s:.1f}x |"
+            + (f"{r.ansible_s:.2f} | {r.ansible_s / r.karios_s:.1f}x |" if r.ansible_s else "– | – |")
         )
+    print()
+    print("| N nodes | Karios per node, median / max (s): connect + load | commit | verify |")
+    print("| ---: | ---: | ---: | ---: |")
+    for r in rows:
+        cells = [
+            f"{r.phases[k][0]:.2f} / {r.phases[k][1]:.2f}" if k in r.phases else "–"
+            for k in ("load", "commit", "verify")
+        ]
+        print(f"| {r.n} | " + " | ".join(cells) + " |")
     print()
     rerun = any(r.ansible_noop_s is not None for r in rows)
     print(
@@ -805,6 +856,9 @@ def main() -> int:
     ap.add_argument(
         "--ansible-rerun", action="store_true", help="also time Ansible's no-op re-run (adds ~7 s per node)"
     )
+    ap.add_argument(
+        "--no-ansible", action="store_true", help="Karios only (no ansible-playbook runs): for iterating"
+    )
     args = ap.parse_args()
     sizes = [int(x) for x in args.nodes.split(",") if x.strip()]
     if not sizes or any(not 1 <= n <= fabric_lab.MAX_NODES for n in sizes):
@@ -815,15 +869,27 @@ def main() -> int:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the labs' __exit__ cleans up
     fabric_lab.ensure_packages()
-    venv = ansible_venv()
+    with_ansible = not args.no_ansible
+    venv = ansible_venv() if with_ansible else ""
     intent = make_intent()
     rows: list[Row] = []
     ansible_startup = 0.0
     for n in sizes:
         print(f"N = {n}: lab up ...", flush=True)
-        rows.append(bench_one(n, intent, venv, pipelining=args.ansible_pipelining, rerun=args.ansible_rerun))
+        rows.append(
+            bench_one(
+                n,
+                intent,
+                venv,
+                pipelining=args.ansible_pipelining,
+                rerun=args.ansible_rerun,
+                with_ansible=with_ansible,
+            )
+        )
         print(f"  (lab start {rows[-1].lab_start_s:.1f} s)", flush=True)
     with contextlib.suppress(Exception):
+        if not with_ansible:
+            raise RuntimeError("no ansible")
         t0 = time.monotonic()
         subprocess.run([os.path.join(venv, "bin", "ansible-playbook"), "--version"], capture_output=True)
         ansible_startup = time.monotonic() - t0

@@ -9,10 +9,12 @@ missing) so that the load generator is not Python:
 
 1. bootapi cached ``/ipxe/<mac>`` vs nginx serving the same bytes as a static file, 200
    connections: limit >= 0.25x nginx and p99 < 25 ms. 1b: the same bootapi (boot_storm's fake
-   inventory on the shared NATS) with and without its pure-ASGI ``IpxeFastPath``.
+   inventory on the shared NATS) under each ``BOOTAPI_SERVER`` (uvicorn, granian), with and
+   without its ``/ipxe`` fast path (``BootapiApp.ipxe_fast_path``), against nginx in the same run.
 2. gateway authenticated reads, 100 connections: ``/controlnode/tokens/self`` (the auth path
    alone), ``/controlnode/provision/queue`` (auth + a bus query): limit p99 < 50 ms. Rows
-   "1 connection": the service time of one request without queueing.
+   "1 connection": the service time of one request without queueing. Measured on the gateway of
+   ``karios up`` (uvicorn) and on a second replica under each ``--gateway-servers`` (granian).
 3. 10,000 registered nodes: ``/controlnode/nodes`` first and last page (limit=100) and a point
    lookup, at 100 nodes (registered through the API) and at 10,000 (the rest inserted in SQL):
    limit p99 at 10k <= 1.5x p99 at 100 (noise on a shared machine).
@@ -198,23 +200,32 @@ def row(name: str, r: dict[str, float], limit: str = "", ratio: float | None = N
     print(ROW.format(name, f"{r['rps']:.0f}", f"{r['p50']:.1f}", f"{r['p99']:.1f}", errs, limit, ratio_s))
 
 
-def bench_ipxe(s: System, secs: int) -> None:
-    url = f"{s.url('BOOTAPI')}/ipxe/{mac_of(7)}"
-    body = httpx.get(url, timeout=30).content  # the first request fills the cache
-    assert b"#!ipxe" in body, body[:200]
+def nginx_static(body: bytes, secs: int) -> dict[str, float]:
+    """wrk against nginx serving ``body`` as a static file, 200 connections."""
     static = Path(tempfile.mkdtemp(prefix="karios-static-"))
     static.chmod(0o755)
     (static / "ipxe").write_bytes(body)
     (static / "ipxe").chmod(0o644)
     nginx = Nginx(static)
     try:
-        ng = wrk(f"http://127.0.0.1:{nginx.port}/ipxe", 200, secs)
+        return wrk(f"http://127.0.0.1:{nginx.port}/ipxe", 200, secs)
     finally:
         nginx.stop()
         shutil.rmtree(static, ignore_errors=True)
+
+
+def bench_ipxe(s: System, secs: int) -> None:
+    url = f"{s.url('BOOTAPI')}/ipxe/{mac_of(7)}"
+    body = httpx.get(url, timeout=30).content  # the first request fills the cache
+    assert b"#!ipxe" in body, body[:200]
+    server = httpx.get(url, timeout=30).headers.get("server", "?")
+    ng = nginx_static(body, secs)
     ip = wrk(url, 200, secs)
     hz = wrk(f"{s.url('BOOTAPI')}/healthz", 200, secs)
-    header(f"1. bootapi cached /ipxe ({len(body)} bytes) vs nginx, 200 connections, wrk -t2, {secs} s each")
+    header(
+        f"1. bootapi cached /ipxe ({len(body)} bytes, served by {server}) vs nginx, 200 connections, "
+        f"wrk -t2, {secs} s each"
+    )
     row("nginx static file (worker_processes auto)", ng)
     row("bootapi /healthz", hz, "", hz["rps"] / ng["rps"])
     row("bootapi /ipxe/<mac> cached: req/s vs nginx", ip, ">= 0.25x nginx", ip["rps"] / ng["rps"] / 0.25)
@@ -222,27 +233,32 @@ def bench_ipxe(s: System, secs: int) -> None:
     print("ratio: measured / limit (req/s: >= 1 meets it; p99: <= 1 meets it)")
 
 
-def serve_bootapi(prefix: str, port: int, fast_path: bool) -> None:
-    """(child process) bootapi on boot_storm's fake inventory, with or without IpxeFastPath."""
+def serve_bootapi(prefix: str, port: int, server: str, fast_path: bool) -> None:
+    """(child process) bootapi on boot_storm's fake inventory: BOOTAPI_SERVER=``server``, with or
+    without its ``/ipxe`` fast path; served as ``karios run bootapi`` serves it (listeners.py)."""
     import logging
-
-    import uvicorn
 
     sys.path.insert(0, str(HERE))
     import boot_storm
 
-    from karios.bootapi.app import create_app
+    from karios.bootapi.listeners import GranianListener, build_servers, run_servers
     from karios.bootapi.settings import BootapiSettings
 
-    app = create_app(boot_storm.settings(prefix), BootapiSettings(_env_file=None))  # type: ignore[call-arg]
-    if not fast_path:
-        app.user_middleware = [m for m in app.user_middleware if m.cls.__name__ != "IpxeFastPath"]
+    boot = BootapiSettings(_env_file=None, listen_addr=f"127.0.0.1:{port}", server=server)  # type: ignore[call-arg]
+    servers = build_servers(boot_storm.settings(prefix), boot)
+    first = servers[0]
+    app = first.app if isinstance(first, GranianListener) else first.config.app  # type: ignore[attr-defined]
+    app.ipxe_fast_path = fast_path
     logging.getLogger("faststream").setLevel(logging.WARNING)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    asyncio.run(run_servers(servers))
 
 
-def bench_ipxe_ab(secs: int) -> None:
-    """The same bootapi with and without the fast path, one after the other, on the shared NATS."""
+IPXE_CONFIGS = (("uvicorn", False), ("uvicorn", True), ("granian", False), ("granian", True))
+
+
+def bench_ipxe_ab(secs: int, configs: tuple[tuple[str, bool], ...] = IPXE_CONFIGS) -> None:
+    """The same bootapi under each server, with and without the fast path, one after the other on
+    the shared NATS, against nginx serving the same bytes in the same run."""
     prefix, ready = f"hot{uuid.uuid4().hex[:8]}", Path(tempfile.mkdtemp()) / "ready"
     more = ["--hosts", "100", "--ready", str(ready)]
     inv = subprocess.Popen(
@@ -250,61 +266,103 @@ def bench_ipxe_ab(secs: int) -> None:
         stdout=subprocess.DEVNULL,
     )
     rows = []
+    body = b""
     try:
         while not ready.exists() and inv.poll() is None:
             time.sleep(0.1)
-        for fast in (False, True):
+        for server, fast in configs:
             port = free_port()
-            argv = [sys.executable, __file__, "--serve-bootapi", prefix, str(port), "1" if fast else "0"]
+            argv = [sys.executable, __file__, "--serve-bootapi", prefix, str(port), server, str(int(fast))]
             api = subprocess.Popen(argv)
             try:
                 url = f"http://127.0.0.1:{port}/ipxe/52:54:01:00:00:07"
                 for _ in range(300):
                     try:
-                        httpx.get(url, timeout=5)
+                        body = httpx.get(url, timeout=5).content
                         break
                     except httpx.HTTPError:
                         time.sleep(0.1)
-                rows.append(
-                    (f"/ipxe cached, {'with' if fast else 'without'} IpxeFastPath", wrk(url, 200, secs))
-                )
+                name = f"/ipxe, {server}, {'with' if fast else 'without'} fast path"
+                rows.append((name, wrk(url, 200, secs)))
             finally:
-                api.send_signal(signal.SIGINT)
+                api.send_signal(signal.SIGTERM)
                 api.wait(30)
     finally:
         inv.terminate()
         inv.wait(10)
-    header(f"1b. bootapi /ipxe with and without the pure-ASGI fast path, 200 connections, {secs} s each")
+    assert b"#!ipxe" in body, body[:200]
+    ng = nginx_static(body, secs)
+    header(
+        f"1b. bootapi /ipxe by server and fast path vs nginx ({len(body)} bytes), 200 connections, "
+        f"wrk -t2, {secs} s each"
+    )
+    row("nginx static file (worker_processes auto)", ng)
     for name, r in rows:
-        row(name, r, "", r["rps"] / rows[0][1]["rps"])
-    print("ratio: req/s against the row without the fast path")
+        row(f"{name}: req/s", r, ">= 0.25x nginx", r["rps"] / ng["rps"] / 0.25)
+        row(f"{name}: p99", r, "p99 < 25 ms", r["p99"] / 25)
+    print("ratio: measured / limit (req/s: >= 1 meets it; p99: <= 1 meets it)")
 
 
-def bench_gateway(s: System, secs: int) -> None:
-    gw = s.url("GATEWAY")
+def gateway_rows(gw: str, token: str, secs: int) -> list[tuple[str, dict[str, float], int | None]]:
     one = max(3, secs // 2)
-    rows = [
+    return [
         ("/healthz (no auth)", wrk(f"{gw}/healthz", 100, secs), None),
         ("/healthz, 1 connection", wrk(f"{gw}/healthz", 1, one), None),
-        (
-            "/controlnode/tokens/self, 1 connection",
-            wrk(f"{gw}/controlnode/tokens/self", 1, one, s.token),
-            None,
-        ),
-        (
-            "/controlnode/tokens/self (auth only)",
-            wrk(f"{gw}/controlnode/tokens/self", 100, secs, s.token),
-            50,
-        ),
+        ("/controlnode/tokens/self, 1 connection", wrk(f"{gw}/controlnode/tokens/self", 1, one, token), None),
+        ("/controlnode/tokens/self (auth only)", wrk(f"{gw}/controlnode/tokens/self", 100, secs, token), 50),
         (
             "/controlnode/provision/queue (auth + bus)",
-            wrk(f"{gw}/controlnode/provision/queue", 100, secs, s.token),
+            wrk(f"{gw}/controlnode/provision/queue", 100, secs, token),
             50,
         ),
     ]
+
+
+def second_gateway(s: System, server: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A second gateway replica on the same system (NATS, database), ``karios run api-gateway``
+    with ``KARIOS_RUN_SERVER=server``."""
+    port = free_port()
+    listening = subprocess.run(
+        ["ss", "-ltnpH", f"sport = :{s.ports['GATEWAY']}"], capture_output=True, text=True, check=True
+    ).stdout
+    pid = re.search(r"pid=(\d+)", listening).group(1)  # type: ignore[union-attr]
+    # The first replica's environment as ``karios up`` made it (its generated secret key included).
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    env = dict(kv.decode().split("=", 1) for kv in raw if b"=" in kv)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "karios.cli", "run", "api-gateway", "--port", str(port)],
+        env=env | {"KARIOS_RUN_SERVER": server},
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.terminate()
+    raise SystemExit(f"a gateway under {server} did not become ready")
+
+
+def bench_gateway(s: System, secs: int, servers: tuple[str, ...] = ("granian",)) -> None:
+    """The gateway of ``karios up`` (uvicorn, the supported server), then a second replica under
+    each of ``servers`` (the same app; what the HTTP server alone changes)."""
+    rows = [(f"{name} [uvicorn]", r, lim) for name, r, lim in gateway_rows(s.url("GATEWAY"), s.token, secs)]
+    for server in servers:
+        proc, url = second_gateway(s, server)
+        try:
+            server = httpx.get(f"{url}/healthz", timeout=5).headers.get("server", server)  # what answered
+            rows += [(f"{name} [{server}]", r, lim) for name, r, lim in gateway_rows(url, s.token, secs)]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
     header(f"2. gateway authenticated reads, 100 connections, {secs} s each")
     for name, r, lim in rows:
         row(name, r, f"p99 < {lim} ms" if lim else "", r["p99"] / lim if lim else None)
+    print("ratio: p99 / limit (<= 1 meets it). [server]: the HTTP server of that gateway replica")
 
 
 async def register(s: System, n: int) -> float:
@@ -369,10 +427,17 @@ def main() -> None:
         "--sse", action="store_true", help="also run sse_pipeline.py at 10 events/s, 1000 clients"
     )
     ap.add_argument("--only", default="ipxe,ipxe-ab,gateway,nodes")
-    ap.add_argument("--serve-bootapi", nargs=3, help=argparse.SUPPRESS)  # PREFIX PORT FAST (child)
+    ap.add_argument(
+        "--gateway-servers",
+        default="granian",
+        help="section 2 also measures a second gateway replica under each (comma-separated; '' none)",
+    )
+    ap.add_argument("--serve-bootapi", nargs=4, help=argparse.SUPPRESS)  # PREFIX PORT SERVER FAST (child)
     a = ap.parse_args()
     if a.serve_bootapi:
-        serve_bootapi(a.serve_bootapi[0], int(a.serve_bootapi[1]), a.serve_bootapi[2] == "1")
+        serve_bootapi(
+            a.serve_bootapi[0], int(a.serve_bootapi[1]), a.serve_bootapi[2], a.serve_bootapi[3] == "1"
+        )
         return
     ensure_tools()
     only = set(a.only.split(","))
@@ -386,7 +451,7 @@ def main() -> None:
         if "ipxe" in only:
             bench_ipxe(s, a.seconds)
         if "gateway" in only:
-            bench_gateway(s, a.seconds)
+            bench_gateway(s, a.seconds, tuple(x for x in a.gateway_servers.split(",") if x))
         if "nodes" in only:
             bench_nodes(s, a.nodes, a.seconds)
     finally:

@@ -208,7 +208,8 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
-async def post_batch(s: System, hosts: int, parent: str) -> list[str]:
+async def post_batch(s: System, hosts: int, parent: str, accepted: dict[str, float]) -> list[str]:
+    """The batch; ``accepted``: job id → when its 202 came (epoch seconds)."""
     sem = asyncio.Semaphore(32)
     headers = {"Authorization": f"Bearer {s.token}"}
 
@@ -228,7 +229,9 @@ async def post_batch(s: System, hosts: int, parent: str) -> list[str]:
                 await asyncio.sleep(1)
         if r.status_code != 202:
             raise SystemExit(f"POST for {bmc_ip(i)}: {r.status_code} {r.text[:300]}")
-        return str(r.json()["job_id"])
+        job = str(r.json()["job_id"])
+        accepted[job] = time.time()
+        return job
 
     async with httpx.AsyncClient(base_url=s.url(), timeout=120) as c:
         return await asyncio.gather(*[one(c, i) for i in range(hosts)])
@@ -273,27 +276,68 @@ async def stage_times(s: System) -> dict[str, dict[str, float]]:
     sub = Subjects(s.prefix)
     nc = await nats.connect(s.nats)
     out: dict[str, dict[str, float]] = {}
-    try:
-        js = nc.jetstream()
-        info = await js.stream_info(sub.evt_stream)
-        psub = await js.subscribe(sub.events_of("provision"), ordered_consumer=True)
-        seen = 0
+
+    async def read(subject: str, record) -> None:  # type: ignore[no-untyped-def]
+        psub = await js.subscribe(subject, ordered_consumer=True)
         while True:
             try:
                 msg = await psub.next_msg(timeout=5)
             except nats.errors.TimeoutError:
                 break
-            seen += 1
-            parts = msg.subject.split(".")
-            job, state = parts[-1], parts[-2]
-            if state in STAGES:
-                out.setdefault(job, {}).setdefault(state, msg.metadata.timestamp.timestamp())
+            record(msg)
             if msg.metadata.num_pending == 0:
                 break
+        await psub.unsubscribe()
+
+    def event(msg) -> None:  # type: ignore[no-untyped-def]
+        parts = msg.subject.split(".")
+        job, state = parts[-1], parts[-2]
+        if state in STAGES:
+            out.setdefault(job, {}).setdefault(state, msg.metadata.timestamp.timestamp())
+
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(sub.evt_stream)
+        await read(sub.events_of("provision"), event)
         out["_stream"] = {"bytes": float(info.state.bytes), "messages": float(info.state.messages)}
     finally:
         await nc.close()
     return out
+
+
+class CommandTap:
+    """When each start command was published (the gateway's outbox relay): a core NATS subscriber
+    on the command subject sees every publish (the work-queue stream keeps nothing once acked)."""
+
+    def __init__(self, s: System) -> None:
+        from karios.common.bus.subjects import Subjects
+
+        self.subject = Subjects(s.prefix).cmd("provision", "start")
+        self.url = s.nats
+        self.seen: dict[str, float] = {}
+        self.ready = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.nc = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+
+    async def _start(self):  # type: ignore[no-untyped-def]
+        import nats
+
+        nc = await nats.connect(self.url)
+
+        async def on(msg) -> None:  # type: ignore[no-untyped-def]
+            self.seen.setdefault((msg.headers or {}).get("Nats-Msg-Id", ""), time.time())
+
+        await nc.subscribe(self.subject, cb=on)
+        await nc.flush()
+        return nc
+
+    def stop(self) -> dict[str, float]:
+        asyncio.run_coroutine_threadsafe(self.nc.close(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        return self.seen
 
 
 def cpu_seconds(s: System, emus: list[RedfishEmulator]) -> dict[str, float]:
@@ -352,7 +396,9 @@ def main() -> None:
         cpu0 = cpu_seconds(s, emus)
         t0 = time.time()
         parent = str(uuid.uuid4())
-        jobs = asyncio.run(post_batch(s, a.hosts, parent))
+        accepted: dict[str, float] = {}
+        tap = CommandTap(s)
+        jobs = asyncio.run(post_batch(s, a.hosts, parent, accepted))
         posted = time.time() - t0
         last = asyncio.run(watch(s, a.hosts, a.timeout, peak))
         wall = time.time() - t0
@@ -364,6 +410,10 @@ def main() -> None:
         base = du(cache) - cache0  # the base ISO(s): once per configuration, not per host
         db1 = asyncio.run(sql(s.db_url, "SELECT pg_database_size(current_database())"))[0][0]
         times = asyncio.run(stage_times(s))
+        for job, at in accepted.items():
+            times.setdefault(job, {})["accepted"] = at
+        for job, at in tap.stop().items():
+            times.setdefault(job, {})["command"] = at
         peak.update({f"cpu:{k}": v for k, v in cpu.items()})
         report(
             a,
@@ -400,6 +450,8 @@ def report(a, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk
         )
     stream = times.pop("_stream", {})
     spans = {
+        "202 → command in JetStream (gateway's outbox relay)": ("accepted", "command"),
+        "command → queued (provisioner intake: job row + event)": ("command", "queued"),
         "queued → building_media (admission wait + BMC probe)": ("queued", "building_media"),
         "building_media → mounting (medium)": ("building_media", "mounting"),
         "mounting → booting (insert, boot override)": ("mounting", "booting"),
@@ -432,6 +484,8 @@ def report(a, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk
     )
     print(f"| wall time of the run | {wall:.1f} s |")
     intake = [t["queued"] - t0 for t in times.values() if "queued" in t]
+    relayed = [t["command"] - t0 for t in times.values() if "command" in t]
+    print(f"| last start command in JetStream (gateway's outbox relay) | {max(relayed, default=0):.1f} s |")
     print(f"| last job recorded by the provisioner (its queued event) | {max(intake, default=0):.1f} s |")
     cpu = ", ".join(f"{k[4:]} {v:.0f} s" for k, v in peak.items() if k.startswith("cpu:"))
     print(f"| CPU seconds during the run | {cpu} |")

@@ -106,7 +106,7 @@ async def test_slow_client_is_told_to_reconnect(settings, serve):
         first = await asyncio.wait_for(waiter, 5)
         assert first.startswith(b"id: ")
         await wait_until(lambda: client.overflowed, what="the slow client's queue to overflow")
-        assert client.queue.qsize() <= 3
+        assert len(client.pending) <= 3
         rest = [await asyncio.wait_for(gen.__anext__(), 5)]
         assert rest[0].startswith(b"event: reconnect")
     finally:
@@ -159,3 +159,87 @@ async def test_token_changes_reach_every_gateway_replica_at_once(settings, serve
 
 async def _all_401(pending) -> bool:  # type: ignore[no-untyped-def]
     return await pending == [401, 401]
+
+
+async def test_clients_sharing_a_filter_share_one_group_and_see_only_their_channel(settings, serve):
+    """The relay tests each distinct channel filter once per event, not once per client."""
+    app = gateway_app(settings)
+    gw = await serve(app)
+    relay = app.state.relay
+    bus = Bus.from_settings(settings, "test-publisher")
+    await bus.start()
+    try:
+        async with (
+            httpx.AsyncClient(base_url=gw.url, timeout=10) as c,
+            open_sse(c, "/controlnode/events?channel=node:10.0.0.1") as one_a,
+            open_sse(c, "/controlnode/events?channel=node:10.0.0.1") as one_b,
+            open_sse(c, "/controlnode/events?channel=node:10.0.0.2") as two,
+            open_sse(c, "/controlnode/events") as every,
+        ):
+            assert len(relay.clients) == 4
+            assert sorted(len(g) for g in relay.groups.values()) == [1, 1, 2]
+            await publish(bus, 1, bmc="10.0.0.1")
+            await publish(bus, 2, bmc="10.0.0.2")
+            await publish(bus, 3, bmc="10.0.0.1")
+            everything = await every.collect(3)
+            assert [e.json()["data"]["bmc_ip"] for e in everything] == ["10.0.0.1", "10.0.0.2", "10.0.0.1"]
+            for stream in (one_a, one_b):
+                got = await stream.collect(2)
+                assert [e.json()["data"]["hostname"] for e in got] == ["n1", "n3"]
+            [only] = await two.collect(1)
+            assert only.json()["data"]["hostname"] == "n2"
+            await asyncio.sleep(0.2)  # nothing else arrives for the filtered clients
+            assert len(one_a.events) == 2 and len(two.events) == 1
+        await wait_until(lambda: not relay.clients, what="the relay to drop the closed streams")
+        assert relay.groups == {}
+    finally:
+        await bus.stop()
+
+
+async def test_idle_stream_gets_keepalives_and_a_client_that_leaves_is_dropped(settings, serve):
+    settings.sse_keepalive = 0.2
+    app = gateway_app(settings)
+    gw = await serve(app)
+    relay = app.state.relay
+    async with (
+        httpx.AsyncClient(base_url=gw.url, timeout=10) as c,
+        c.stream("GET", "/controlnode/events", headers=ADMIN) as r,
+    ):
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["cache-control"] == "no-cache"
+        lines: list[str] = []
+
+        async def until_keepalives(n: int) -> None:
+            async for line in r.aiter_lines():
+                lines.append(line)
+                if lines.count(": keep-alive") >= n:
+                    return
+
+        await asyncio.wait_for(until_keepalives(2), 5)
+        assert lines[:2] == ["retry: 2000", ": connected"]
+        assert len(relay.clients) == 1
+    # The client closed its connection: the gateway notices and forgets it.
+    await wait_until(lambda: not relay.clients, what="the relay to drop the client that left")
+
+
+async def test_last_event_id_resumes_on_another_gateway_replica(settings, serve):
+    """The id is the stream's sequence, not a replica's counter: any replica resumes it."""
+    first, second = await serve(gateway_app(settings)), await serve(gateway_app(settings))
+    bus = Bus.from_settings(settings, "test-publisher")
+    await bus.start()
+    try:
+        async with httpx.AsyncClient(timeout=10) as c:
+            async with open_sse(c, f"{first.url}/controlnode/events") as stream:
+                for i in range(4):
+                    await publish(bus, i)
+                got = await stream.collect(2)
+            last_id = got[-1].id
+            assert last_id is not None
+            await publish(bus, 4)
+            resumed = await read_sse(
+                c, f"{second.url}/controlnode/events", 3, headers={"Last-Event-ID": last_id}
+            )
+            assert [e.json()["data"]["hostname"] for e in resumed] == ["n2", "n3", "n4"]
+            assert [int(e.id or 0) for e in resumed] == [int(last_id) + k for k in (1, 2, 3)]
+    finally:
+        await bus.stop()

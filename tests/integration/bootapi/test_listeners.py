@@ -8,6 +8,7 @@ import ipaddress
 import ssl
 
 import httpx
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -45,7 +46,8 @@ def self_signed(tmp_path):
     return tmp_path / "cert.pem", tmp_path / "key.pem"
 
 
-async def test_http_and_https_listeners_serve_the_same_boot_path(settings, inventory, tmp_path):
+@pytest.mark.parametrize("server", ["granian", "uvicorn"])
+async def test_http_and_https_listeners_serve_the_same_boot_path(settings, inventory, tmp_path, server):
     cert, key = self_signed(tmp_path)
     http_port, https_port = free_port(), free_port()
     servers = build_servers(
@@ -55,6 +57,7 @@ async def test_http_and_https_listeners_serve_the_same_boot_path(settings, inven
             tls_listen_addr=f"127.0.0.1:{https_port}",
             tls_cert_file=cert,
             tls_key_file=key,
+            server=server,
         ),
     )
     task = asyncio.create_task(run_servers(servers))
@@ -64,6 +67,7 @@ async def test_http_and_https_listeners_serve_the_same_boot_path(settings, inven
             plain = await c.get(f"http://127.0.0.1:{http_port}/ipxe/52:54:00:aa:00:11")
             tls = await c.get(f"https://127.0.0.1:{https_port}/ipxe/52:54:00:aa:00:11")
             assert (await c.get(f"https://127.0.0.1:{https_port}/readyz")).status_code == 200
+        assert plain.headers["server"] == tls.headers["server"] == server
         assert plain.status_code == tls.status_code == 200
         assert plain.text == tls.text and "inst.ks=http://" in plain.text  # installers get http:// URLs
     finally:

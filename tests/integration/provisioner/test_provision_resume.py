@@ -102,9 +102,9 @@ def hold_after_mount(svc, hook: Hook, seen: list | None = None) -> None:  # type
 def hold_in_build(svc, hook: Hook) -> None:  # type: ignore[no-untyped-def]
     real = svc.build_medium
 
-    async def build(cmd, token):  # type: ignore[no-untyped-def]
+    async def build(cmd, token, **kw):  # type: ignore[no-untyped-def]
         await hook()  # the job is in building_media
-        await real(cmd, token)
+        await real(cmd, token, **kw)
 
     svc.build_medium = build
 

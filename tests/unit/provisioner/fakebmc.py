@@ -3,6 +3,10 @@
 GETs answer the recorded JSON; the writes a mount needs (InsertMedia/EjectMedia, OEM HPE actions,
 PATCH of a slot or of Boot, ComputerSystem.Reset) change the in-memory copy so the driver's read-back
 sees what a BMC would report. Anything not recorded is a 404 with a Redfish error body.
+
+``requests`` lists every request (method, path); ``sessions=True`` adds a SessionService (an
+X-Auth-Token per login, :meth:`end_sessions` makes the BMC forget them: 401 until a new login);
+``insert_status`` is the answer to InsertMedia (204, or 202 for a BMC that runs it as a task).
 """
 
 from __future__ import annotations
@@ -30,7 +34,14 @@ def _err(status: int, message_id: str, message: str) -> httpx.Response:
 
 
 class FakeBmc:
-    def __init__(self, fixture_dir: str, *, reject_params: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        fixture_dir: str,
+        *,
+        reject_params: frozenset[str] = frozenset(),
+        sessions: bool = False,
+        insert_status: int = 204,
+    ) -> None:
         self.dir = FIXTURES / fixture_dir
         self.docs: dict[str, dict] = {}
         for f in self.dir.glob("redfish__v1*.json"):
@@ -41,6 +52,18 @@ class FakeBmc:
         self.reject_params = reject_params
         self.report_image: str | None = None  # a BMC that reports another image than inserted
         self.writes: list[tuple[str, str, dict]] = []
+        self.requests: list[tuple[str, str]] = []
+        self.sessions = sessions
+        self.tokens: set[str] = set()
+        self.logins = 0
+        self.keep_sessions = True  # False: a login answers, but its token is forgotten at once
+        self.insert_status = insert_status
+
+    def end_sessions(self) -> None:
+        self.tokens.clear()
+
+    def gets(self, path: str) -> int:
+        return self.requests.count(("GET", self.key(path)))
 
     @staticmethod
     def key(path: str) -> str:
@@ -63,8 +86,24 @@ class FakeBmc:
     def handle(self, request: httpx.Request) -> httpx.Response:
         path, method = self.key(request.url.path), request.method
         body = json.loads(request.content) if request.content else {}
+        self.requests.append((method, path))
         if method != "GET":
             self.writes.append((method, path, copy.deepcopy(body)))
+        if self.sessions and method == "POST" and path.endswith("/SessionService/Sessions"):
+            self.logins += 1
+            token = f"tok-{self.logins}"
+            if self.keep_sessions:
+                self.tokens.add(token)
+            headers = {
+                "X-Auth-Token": token,
+                "Location": f"/redfish/v1/SessionService/Sessions/{self.logins}",
+            }
+            return httpx.Response(201, headers=headers, json={})
+        if self.sessions and path != "/redfish/v1" and request.headers.get("X-Auth-Token") not in self.tokens:
+            return _err(401, "Base.1.0.NoValidSession", "no valid session")
+        if method == "DELETE" and "/SessionService/Sessions/" in path:
+            self.tokens.discard(request.headers.get("X-Auth-Token", ""))
+            return httpx.Response(204)
         if method == "GET":
             d = self.doc(path)
             return (
@@ -87,6 +126,7 @@ class FakeBmc:
                     )
                 image = self.report_image or body["Image"]
                 owner_doc.update({"Image": image, "Inserted": True, "ConnectedVia": "URI"})
+                return httpx.Response(self.insert_status)
             elif action.endswith("EjectMedia") or action.endswith("EjectVirtualMedia"):
                 owner_doc.update({"Image": None, "Inserted": False, "ConnectedVia": "NotConnected"})
             elif action.endswith("ComputerSystem.Reset"):

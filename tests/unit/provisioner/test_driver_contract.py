@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from karios.common.errors import UpstreamError
+from karios.common.errors import PermanentFailure, UpstreamError
 from karios.provisioner.drivers import DRIVERS, QUIRKS, BmcEndpoint, driver_for
 from karios.provisioner.drivers.redfish import RedfishDriver
 from tests.unit.provisioner.fakebmc import FIXTURES, FakeBmc
@@ -166,3 +166,96 @@ def test_every_vendor_has_a_driver_and_every_quirk_names_evidence_and_a_fixture(
         first = row.fixture.split(",")[0].split(" ")[0].split("/…")[0].rstrip("_…")
         first = "/".join(first.split("/")[:2])
         assert any(d.startswith(first) for d in dirs), row
+
+
+async def _job_flow(drv: RedfishDriver) -> str:
+    """What a job does with its one driver: probe (find the system), mount, boot override, reset,
+    power on."""
+    await drv.system_uri()
+    await drv.mount(IMAGE)
+    await drv.set_boot_cd_once()
+    kind = await drv.reset_into_media()
+    await drv.wait_power_on()
+    return kind
+
+
+@pytest.mark.parametrize(("vendor", "fixture"), CASES, ids=[c[1].split("/")[1] for c in CASES])
+async def test_a_job_reads_each_resource_once_and_the_system_three_times(vendor, fixture):
+    """Discovery is kept for the driver's life: the service root and the Systems collection are
+    read once, the system three times (discovery, the boot override's read-back, the power poll),
+    and an InsertMedia answered 204 is not read back (a PATCH insert is)."""
+    drv, bmc = make(vendor, fixture)
+    async with drv:
+        kind = await _job_flow(drv)
+        sys_uri = await drv.system_uri()
+    assert kind in ("On", "ForceRestart", "PowerCycle", "ForceOn")
+    assert bmc.gets("/redfish/v1") == 1 and bmc.gets("/redfish/v1/Systems") == 1
+    assert bmc.gets(sys_uri) == 3, bmc.requests
+    slot = next(p for p, d in bmc.slots().items() if d.get("Image") == IMAGE)
+    inserts = [w for w in bmc.writes if "Insert" in w[1] or (w[0] == "PATCH" and w[2].get("Image") == IMAGE)]
+    ejects = [
+        w
+        for w in bmc.writes
+        if "Eject" in w[1] or (w[0] == "PATCH" and "Image" in w[2] and not w[2]["Image"])
+    ]
+    by_patch = inserts[0][0] == "PATCH"
+    # found; + read again after an eject (the mockup had a medium in); + read back after a PATCH
+    assert bmc.gets(slot) == 1 + len(ejects) + by_patch, bmc.requests
+    assert len(bmc.requests) <= 14, bmc.requests
+
+
+async def test_an_insert_answered_202_is_read_back_and_checked():
+    """202: the BMC runs the insert as a task; only the read-back tells what it holds."""
+    bmc = FakeBmc("dell/idrac9-6.00.30.00_poweredge-r750", insert_status=202)
+    bmc.report_image = "http://someone-else/x.iso"
+    ep = BmcEndpoint(bmc_ip="10.0.0.5", base_url="https://x", retries=0)
+    async with driver_for("dell")(ep, transport=bmc.transport()) as drv:
+        with pytest.raises(UpstreamError, match="reports Image"):
+            await drv.mount(IMAGE)
+    ok = FakeBmc("dell/idrac9-6.00.30.00_poweredge-r750", insert_status=202)
+    async with driver_for("dell")(ep, transport=ok.transport()) as drv:
+        slot = await drv.mount(IMAGE)
+    assert ok.gets(slot) == 2  # found, then read back
+
+
+async def test_reset_kind_follows_the_power_state_read_back_after_the_boot_override():
+    drv, bmc = make("dell", "dell/idrac9-6.00.30.00_poweredge-r750")
+    async with drv:
+        sys_uri = await drv.system_uri()
+        await drv.mount(IMAGE)
+        bmc.doc(sys_uri)["PowerState"] = "Off"  # changed after discovery, before the override
+        await drv.set_boot_cd_once()
+        assert await drv.reset_into_media() == "On"
+    drv, bmc = make("dell", "dell/idrac9-6.00.30.00_poweredge-r750")
+    async with drv:
+        sys_uri = await drv.system_uri()
+        bmc.doc(sys_uri)["PowerState"] = "On"
+        await drv.set_boot_cd_once()
+        assert await drv.reset_into_media() == "ForceRestart"
+
+
+async def test_one_session_per_job_and_a_new_login_when_the_bmc_forgot_it():
+    """The probe's session goes on to the mount; a BMC that ended it (idle timeout, BMC restart)
+    answers 401 once, the driver logs in again and the job goes on; the session is closed at the end."""
+    bmc = FakeBmc("dell/idrac9-6.00.30.00_poweredge-r750", sessions=True)
+    ep = BmcEndpoint(bmc_ip="10.0.0.5", base_url="https://x", username="admin", password="pw-s3cret")
+    drv = driver_for("dell")(ep, transport=bmc.transport())
+    await drv.system_uri()  # the probe
+    bmc.end_sessions()  # e.g. the medium took long to build
+    drv.relax(30.0, 3)
+    async with drv:
+        await drv.mount(IMAGE)
+        await drv.set_boot_cd_once()
+        await drv.reset_into_media()
+    assert bmc.logins == 2 and not bmc.tokens  # re-login once; the session deleted at close
+    assert drv.client.timeout.read == 30.0 and drv.ep.retries == 3
+    # A BMC that forgets every session at once: one new login, then a clear failure (no loop).
+    forgets = FakeBmc("dell/idrac9-6.00.30.00_poweredge-r750", sessions=True)
+    drv = driver_for("dell")(ep, transport=forgets.transport())
+    async with drv:
+        await drv.system_uri()
+        forgets.end_sessions()
+        forgets.keep_sessions = False
+        with pytest.raises(PermanentFailure, match="refused the credentials"):
+            await drv.mount(IMAGE)
+    assert forgets.logins == 2

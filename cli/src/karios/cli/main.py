@@ -81,10 +81,23 @@ def up(
     raise typer.Exit(Up(args, state_dir()).run())
 
 
+class HttpServer(StrEnum):
+    uvicorn = "uvicorn"
+    granian = "granian"
+
+
 @app.command()
 def run(
     service: Annotated[ServiceName, typer.Argument(help="the service to run")],
     port: Annotated[int | None, typer.Option(help="listen port (default: the service's setting)")] = None,
+    server: Annotated[
+        HttpServer,
+        typer.Option(
+            envvar="KARIOS_RUN_SERVER",
+            help="HTTP server of the services other than bootapi (bootapi: BOOTAPI_SERVER); "
+            "granian is for measurements (benchmarks/hot_paths.py), uvicorn the supported one",
+        ),
+    ] = HttpServer.uvicorn,
 ) -> None:
     """Run one service (how production runs it)."""
     import uvicorn
@@ -93,17 +106,27 @@ def run(
 
     spec = SERVICES[service.value]
     settings = KariosSettings()
-    if spec.name == "bootapi" and not port:
-        # bootapi honours its seed's BOOTAPI_LISTEN_ADDR and the optional parallel HTTPS listener.
+    if spec.name == "bootapi":
+        # bootapi honours its seed's BOOTAPI_LISTEN_ADDR (--port overrides it), the optional
+        # parallel HTTPS listener and BOOTAPI_SERVER (granian by default).
         from karios.bootapi.listeners import serve
+        from karios.bootapi.settings import BootapiSettings
 
-        asyncio.run(serve(settings))
+        boot = BootapiSettings(**({"listen_addr": f"{settings.host}:{port}"} if port else {}))
+        asyncio.run(serve(settings, boot))
+        return
+    listen_port = port or int(getattr(settings, spec.port_setting))
+    if server is HttpServer.granian:
+        from karios.bootapi.listeners import GranianListener, run_servers
+
+        listener = GranianListener(spec.create_app(), settings.host, listen_port, lifespan=True, threads=2)
+        asyncio.run(run_servers([listener]))
         return
     # SSE streams never end on their own: give open connections 5 s on SIGTERM, then close them.
     uvicorn.run(
         spec.create_app(),
         host=settings.host,
-        port=port or int(getattr(settings, spec.port_setting)),
+        port=listen_port,
         log_level="warning",
         access_log=False,
         log_config=None,  # uvicorn's lines go through the service's JSON pipeline (telemetry.py)

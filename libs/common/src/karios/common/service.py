@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from karios.common.bus.runtime import Bus
 from karios.common.db import Database
@@ -148,19 +149,43 @@ def _instrument_http(app: FastAPI, runtime: ServiceRuntime) -> None:
         registry=runtime.registry,
     )
     tracer = trace.get_tracer(f"karios.{runtime.name}")
+    app.add_middleware(_Observe, tracer=tracer, requests=requests, duration=duration)
 
-    @app.middleware("http")
-    async def _observe(request: Request, call_next):  # type: ignore[no-untyped-def]
+
+class _Observe:
+    """Pure ASGI (not ``@app.middleware("http")``): a ``BaseHTTPMiddleware`` layer costs every
+    request a task group, a memory stream and task switches (a third of the gateway's CPU on
+    an authenticated read, profiled under wrk)."""
+
+    def __init__(self, app: ASGIApp, tracer: trace.Tracer, requests: Counter, duration: Histogram) -> None:
+        self.app, self.tracer, self.requests, self.duration = app, tracer, requests, duration
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         start = time.perf_counter()
-        ctx = context_from_headers(request.headers)
-        with tracer.start_as_current_span(
-            request.method, context=ctx, kind=trace.SpanKind.SERVER, attributes=server_attributes(request)
+        request = Request(scope)
+        method = request.method
+        status = 500  # an exception no handler took
+
+        async def observed_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        with self.tracer.start_as_current_span(
+            method,
+            context=context_from_headers(request.headers),
+            kind=trace.SpanKind.SERVER,
+            attributes=server_attributes(request),
         ) as span:
-            response: Response = await call_next(request)
-            route = request.scope.get("route")
-            path = getattr(route, "path", "unmatched")
-            span.update_name(f"{request.method} {path}")
-            span.set_attributes({"http.route": path, "http.response.status_code": response.status_code})
-        requests.labels(path, request.method, str(response.status_code)).inc()
-        duration.labels(path, request.method).observe(time.perf_counter() - start)
-        return response
+            try:
+                await self.app(scope, receive, observed_send)
+            finally:
+                path = getattr(scope.get("route"), "path", "unmatched")
+                span.update_name(f"{method} {path}")
+                span.set_attributes({"http.route": path, "http.response.status_code": status})
+                self.requests.labels(path, method, str(status)).inc()
+                self.duration.labels(path, method).observe(time.perf_counter() - start)

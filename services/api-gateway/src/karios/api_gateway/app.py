@@ -8,9 +8,10 @@ from fastapi import FastAPI
 
 from karios.api_gateway.auth import Role, TokenCache, create_token
 from karios.api_gateway.errordoc import document_errors
-from karios.api_gateway.events import EventRelay
+from karios.api_gateway.events import DirectSSE, EventRelay, freeze_startup_heap
 from karios.api_gateway.models import SCHEMA
 from karios.api_gateway.outbox import CommandOutbox, kill_after_commit_hook, waiting_msg_ids
+from karios.api_gateway.readcache import InvalidateOnWrite, ReadCache
 from karios.api_gateway.readmodel import ProvisionProjector
 from karios.api_gateway.routes import ROUTERS
 from karios.common.bus.stats import BusStats
@@ -53,6 +54,7 @@ def create_app(settings: KariosSettings | None = None) -> FastAPI:
         rt.state["projector"] = projector
         await projector.start()
         await outbox.start()  # relays what an earlier process committed but never published
+        freeze_startup_heap()  # full collections (100-200 ms) of it would stall SSE fan-out
 
     async def on_stop(_rt: ServiceRuntime) -> None:
         await outbox.stop()
@@ -69,10 +71,13 @@ def create_app(settings: KariosSettings | None = None) -> FastAPI:
         on_stop=on_stop,
     )
     app.state.relay = relay
+    app.add_middleware(DirectSSE)  # outermost: SSE bodies skip the per-chunk middleware hops
     app.state.outbox = outbox
     app.state.after_outbox_commit = kill_after_commit_hook()
     app.state.token_cache = tokens
     app.state.secret_box = SecretBox.from_settings(settings)
+    app.state.read_cache = ReadCache()  # queue and node-list reads shared for READ_TTL_S
+    app.add_middleware(InvalidateOnWrite)  # a write through this replica drops them at once
     for router in ROUTERS():
         app.include_router(router)
     document_errors(app)  # every 4xx/5xx in the OpenAPI document is ErrorResponse

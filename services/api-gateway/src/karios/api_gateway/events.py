@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from starlette.background import BackgroundTask
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from karios.common.bus.consumers import OrderedSubscription, StreamEvent
@@ -259,7 +262,25 @@ class EventRelay:
             self.close(client)
 
 
-class SSEResponse:
+_heap_frozen = False
+
+
+def freeze_startup_heap() -> None:
+    """Move what start-up allocated out of the collector's reach, once per process.
+
+    A full collection walks every tracked object — the app, its routes and models — and took
+    100–200 ms with 1,000 SSE clients connected: every delivery waited for it. After a freeze
+    a full collection walks only what was allocated since (``gc.freeze``; garbage is collected
+    first so that nothing collectable is kept).
+    """
+    global _heap_frozen
+    if not _heap_frozen:
+        _heap_frozen = True
+        gc.collect()
+        gc.freeze()
+
+
+class SSEResponse(Response):
     """The ``text/event-stream`` response of ``GET /controlnode/events``.
 
     Under :class:`DirectSSE` it only answers the headers through the middleware stack and
@@ -269,11 +290,10 @@ class SSEResponse:
 
     media_type = "text/event-stream"
 
-    def __init__(
-        self, relay: EventRelay, wanted: set[str] | None, last_event_id: int | None
-    ) -> None:
+    def __init__(self, relay: EventRelay, wanted: set[str] | None, last_event_id: int | None) -> None:
         self.relay, self.wanted, self.last_event_id = relay, wanted, last_event_id
         self.status_code = 200
+        self.background: BackgroundTask | None = None
         self.raw_headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
@@ -286,8 +306,10 @@ class SSEResponse:
         if isinstance(slot, dict):
             slot["stream"] = self
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return
-        await self.write(send, receive)
+        else:
+            await self.write(send, receive)
+        if self.background is not None:
+            await self.background()
 
     async def write(self, send: Send, receive: Receive) -> None:
         """Write the stream with ``send`` until the client leaves (read from ``receive``) or is cut."""

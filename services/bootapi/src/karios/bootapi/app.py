@@ -6,6 +6,7 @@ Contract: ``../shared/seeds/003_030e9310165fcfbd.txt`` (summarised in ``docs/boo
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -23,6 +24,7 @@ from karios.common.oscatalog import TemplateSetError, default_set_dir, load_temp
 from karios.common.service import ServiceRuntime
 from karios.common.settings import KariosSettings
 from karios.common.telemetry import get_logger
+from karios.common.telemetry_tracing import otlp_wanted
 
 SERVICE = "bootapi"
 log = get_logger(__name__)
@@ -76,14 +78,18 @@ class RequestCounter:
             self.metrics.http_requests.labels(endpoint, f"{status[0] // 100}xx").inc()
 
 
-class IpxeFastPath:
-    """Pure-ASGI answer of ``GET /ipxe/{mac}`` (the boot storm's one hot route): the same
-    ``BootServer.ipxe_script`` bytes and headers as the route, without FastAPI's routing,
-    dependency and response layers (4x the requests/s, benchmarks/hot_paths.py). Anything else,
-    and any exception, goes through the full app as before."""
+class BootapiApp(FastAPI):
+    """The FastAPI app, answering ``GET /ipxe/{mac}`` (the boot storm's one hot route) before
+    FastAPI's own ``__call__``: the same ``BootServer.ipxe_script`` bytes and headers as the route,
+    counted in ``bootapi_http_requests_total`` like every other request, without FastAPI's
+    per-request telemetry, middleware, routing, dependency and response layers
+    (benchmarks/hot_paths.py section 1b). Anything else, and any exception, goes through the
+    full app as before. ``ipxe_fast_path`` is off when spans are exported over OTLP, so that
+    every request keeps its server span then (FastAPI's native tracing is bootapi's request span).
+    """
 
-    def __init__(self, app: Any, server: BootServer) -> None:
-        self.app, self.server = app, server
+    ipxe_fast_path: bool = True
+    boot_server: BootServer | None = None
 
     async def __call__(
         self,
@@ -91,17 +97,35 @@ class IpxeFastPath:
         receive: Callable[..., Awaitable[Any]],
         send: Callable[..., Awaitable[Any]],
     ) -> None:
-        path: str = scope.get("path", "") if scope["type"] == "http" else ""
-        mac = path[6:] if path.startswith("/ipxe/") and scope.get("method") == "GET" else ""
-        if not mac or "/" in mac:
-            return await self.app(scope, receive, send)
+        if (
+            self.ipxe_fast_path
+            and scope["type"] == "http"
+            and scope["method"] == "GET"
+            and scope["path"].startswith("/ipxe/")
+            and self.boot_server is not None
+        ):
+            mac = scope["path"][6:]
+            if mac and "/" not in mac and await self._answer_ipxe(self.boot_server, mac, send):
+                return
+        await super().__call__(scope, receive, send)  # type: ignore[arg-type]
+
+    @staticmethod
+    async def _answer_ipxe(server: BootServer, mac: str, send: Callable[..., Awaitable[Any]]) -> bool:
         try:
-            body = (await self.server.ipxe_script(mac)).encode()
-        except Exception:
-            return await self.app(scope, receive, send)  # the route's own error handling
-        headers = [(b"content-length", str(len(body)).encode()), (b"content-type", TEXT.encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+            body = (await server.ipxe_script(mac)).encode()
+        except Exception:  # the route's own error handling answers it (status, log, metrics)
+            return False
+        await send({"type": "http.response.start", "status": 200, "headers": _ipxe_headers(body)})
         await send({"type": "http.response.body", "body": body})
+        server.metrics.child(server.metrics.http_requests, "ipxe", "2xx").inc()
+        return True
+
+
+def _ipxe_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    return [(b"content-length", str(len(body)).encode()), (b"content-type", _TEXT)]
+
+
+_TEXT = TEXT.encode()
 
 
 def initial_templates(boot: BootapiSettings, store: TemplateStore) -> None:
@@ -153,11 +177,12 @@ def create_app(
     if host_source is None:
         wire(rt.bus, hosts)
     lifespan = _lifespan(rt, server, sync)
-    app = FastAPI(title="Karios bootapi", description=DESCRIPTION, version="0.1.0", lifespan=lifespan)
+    app = BootapiApp(title="Karios bootapi", description=DESCRIPTION, version="0.1.0", lifespan=lifespan)
+    app.boot_server = server
+    app.ipxe_fast_path = not otlp_wanted(os.environ)[0]
     app.state.runtime, app.state.server, app.state.store, app.state.hosts = rt, server, store, hosts
     app.state.sync = sync
     install_error_handlers(app)
-    app.add_middleware(IpxeFastPath, server=server)  # inside RequestCounter: still counted
     app.add_middleware(RequestCounter, metrics=metrics)
     app.include_router(router)
     return app

@@ -12,6 +12,7 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import quote
 
 from karios.common.contracts.inventory import Host
@@ -41,6 +42,7 @@ def strip_suffix(value: str, suffixes: tuple[str, ...]) -> str:
     return value
 
 
+@lru_cache(maxsize=65536)  # the boot storm's route: the same few MACs, over and over
 def parse_ipxe_mac(raw: str | None) -> str | None:
     """The MAC of ``/ipxe/{mac}`` in any notation (``.ipxe`` stripped), or None if it is not one."""
     return mac_or_none(strip_suffix(raw.strip(), (".ipxe",))) if raw else None

@@ -7,6 +7,7 @@ unreachable or failing inventory raises a :class:`KariosError` (never cached).
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -17,6 +18,8 @@ from karios.common.cache import SingleFlightCache
 from karios.common.contracts.inventory import DeviceChanged, Host, HostQuery, SetPxeEnabled
 from karios.common.errors import KariosError, NotFound, UpstreamError
 from karios.common.netaddr import mac_or_none, normalize_mac
+
+_normalize_mac = lru_cache(maxsize=65536)(normalize_mac)  # hot: every /ipxe request
 
 
 class HostSource(Protocol):
@@ -88,7 +91,7 @@ class CachedHostSource:
         return len(self._cache)
 
     async def by_mac(self, mac: str) -> Host | None:
-        return await self._get("mac", normalize_mac(mac))
+        return await self._get("mac", _normalize_mac(mac))
 
     async def by_name(self, name: str) -> Host | None:
         return await self._get("name", name.lower())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -12,6 +13,16 @@ from karios.common.telemetry import new_registry
 @dataclass
 class BootapiMetrics:
     registry: CollectorRegistry = field(default_factory=new_registry)
+    _children: dict[tuple[int, tuple[str, ...]], Any] = field(default_factory=dict, repr=False)
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once (the hot path: ``labels()`` costs more than
+        ``inc()``); created on first use like ``labels()``, so no series appears earlier."""
+        key = (id(metric), labels)
+        hit = self._children.get(key)
+        if hit is None:
+            hit = self._children[key] = metric.labels(*labels)
+        return hit
 
     def __post_init__(self) -> None:
         r = self.registry

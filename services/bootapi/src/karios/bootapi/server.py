@@ -68,7 +68,7 @@ class BootServer:
             templates,
             lambda: core.render_fallback_script(templates, self.fallback, mac),
         )
-        self.metrics.render.labels("ipxe", "ok").inc()
+        self.metrics.child(self.metrics.render, "ipxe", "ok").inc()
         return script
 
     async def ipxe_script(self, raw_mac: str | None) -> str:
@@ -97,7 +97,7 @@ class BootServer:
             self.metrics.render.labels("ipxe", "error").inc()
             log.error("iPXE template failed; serving fallback", host=host.name, error=str(exc))
             return self._fallback(FallbackReason.RENDER, mac)
-        self.metrics.render.labels("ipxe", "ok").inc()
+        self.metrics.child(self.metrics.render, "ipxe", "ok").inc()
         return script
 
     # -- /ks ---------------------------------------------------------------------

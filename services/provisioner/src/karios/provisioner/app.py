@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, Response
 
 from karios.common.crypto import SecretBox
+from karios.common.db import Database
 from karios.common.errors import NotFound
 from karios.common.service import ServiceRuntime, build_app
 from karios.common.settings import KariosSettings
@@ -24,6 +25,9 @@ from karios.provisioner.models import SCHEMA
 from karios.provisioner.tlspins import TlsPins, wire_tls_pins
 
 SERVICE = "provisioner"
+# Database connections kept open: a job at work touches its row at each step; 64 admitted jobs on
+# the runtime's default pool (5) would open and close a connection per transaction.
+DB_POOL_SIZE = 12
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _IMAGE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$")
 
@@ -46,6 +50,13 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
     cfg = config or ProvisionerConfig.from_env(settings)
     rt = ServiceRuntime(SERVICE, settings, schema=SCHEMA, migrations=Path(__file__).parent / "migrations")
     assert rt.db is not None
+    # A larger pool than the runtime's (see DB_POOL_SIZE); its engine has not connected yet.
+    rt.db = Database(
+        settings.database_url,
+        pool_size=DB_POOL_SIZE,
+        connect_timeout=settings.db_connect_timeout,
+        command_timeout=settings.db_command_timeout,
+    )
     media = MediaBuilder(cfg.cache_dir, cfg.media_dir)
     svc = JobService(rt.bus, rt.db, SecretBox.from_settings(settings), cfg, media)
     wire(rt.bus, svc)

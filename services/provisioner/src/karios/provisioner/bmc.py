@@ -102,9 +102,11 @@ def serial_console_for(cfg: ProvisionerConfig, vendor: str) -> str:
 
 
 async def probe(drv: RedfishDriver) -> None:
-    """The BMC answers and accepts the credentials: service root, then its system (authenticated)."""
-    async with drv:
-        await drv.system_uri()
+    """The BMC answers and accepts the credentials: service root, then its system (authenticated).
+
+    The driver stays open (its session and what it found go on to the mount); the caller closes it.
+    """
+    await drv.system_uri()
 
 
 async def leave_clean(drv: RedfishDriver, job_id: str) -> None:

@@ -39,7 +39,7 @@ def wire(bus: Bus, svc: UseCases) -> None:
     async def on_admission(_q: AdmissionQuery) -> Admission:
         return await svc.admission()
 
-    bus.command_handler("provision", StartProvision, on_start, verb="start", concurrency=8)
+    bus.command_handler("provision", StartProvision, on_start, verb="start", concurrency=32)
     bus.query_responder(subjects.request("provision", "step"), CallbackRequest, svc.step)
     bus.query_responder(subjects.request("provision", "complete"), CallbackRequest, svc.complete)
     bus.query_responder(subjects.request("provision", "firstboot"), CallbackRequest, svc.firstboot)

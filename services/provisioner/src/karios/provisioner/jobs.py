@@ -58,7 +58,7 @@ from karios.provisioner.install import InstallMethod
 from karios.provisioner.install.registry import install_methods, method_for
 from karios.provisioner.media import MediaBuilder
 from karios.provisioner.models import Job
-from karios.provisioner.repository import JobRepository, LeaseLost, now
+from karios.provisioner.repository import JobCancelled, JobRepository, LeaseLost, now
 from karios.provisioner.statemachine import INFO, WORKER_STATES, State, is_terminal
 
 log = get_logger(__name__)
@@ -171,11 +171,14 @@ class JobService:
         return moved.job
 
     async def check(self, job_id: str) -> Job:
-        job = await self.load(job_id)
+        return self.verify(await self.load(job_id))
+
+    def verify(self, job: Job) -> Job:
+        """A worker may go on with ``job`` (as just read): not cancelled, and ours."""
         if job.state == State.cancelled:
-            raise worker.JobCancelled
+            raise JobCancelled(job.id)
         if job.owner != self.replica and not is_terminal(job.state):
-            raise LeaseLost(f"job {job_id} is owned by {job.owner or 'nobody'}")
+            raise LeaseLost(f"job {job.id} is owned by {job.owner or 'nobody'}")
         return job
 
     async def is_cancelled(self, job_id: str) -> bool:
@@ -189,7 +192,7 @@ class JobService:
             await self.move(job_id, State.failed, message, owned=True)
         except LeaseLost:
             return  # the job is another replica's now: its medium may be the one in use
-        except (Conflict, NotFound):
+        except (Conflict, NotFound, JobCancelled):
             self.media.remove(job_id)  # ended meanwhile (e.g. cancelled while we were building)
 
     async def job_token(self, job: Job) -> str:
@@ -215,7 +218,7 @@ class JobService:
         job = await self._job_or_none(job_id)
         tp = job.spec.get("traceparent") if job is not None else None
         with job_span(TRACER, "provision.job.run", tp, bind=job_binding(job_id, job)):
-            await worker.run(self, job_id)
+            await worker.run(self, job_id, job)  # the row just read: the worker checks it
 
     # -- use case: start ----------------------------------------------------------------
     async def handle_start(self, cmd: StartProvision) -> None:
@@ -226,32 +229,31 @@ class JobService:
         """
         token = secrets.token_urlsafe(24)
         method = method_for(self.methods, cmd.job_type, cmd.spec.install_method, self.cfg.install_method)
-        created, other = await self.repo.insert(
-            {
-                "id": cmd.job_id,
-                "job_type": cmd.job_type,
-                "parent_id": cmd.parent_id,
-                "bmc_ip": cmd.spec.bmc_ip,
-                "vendor": cmd.spec.vendor,
-                "hostname": cmd.spec.hostname,
-                "state": State.queued.value,
-                "message": "Queued",
-                "percent": 0,
-                "token_hash": token_hash(token),
-                "token_enc": self.box.encrypt(token, context=f"job-token:{cmd.job_id}"),
-                "owner": self.replica,
-                "attempts": 1,
-                "os_ip": "",
-                "method": method,
-                "spec": {**cmd.model_dump(mode="json"), "traceparent": current_traceparent()},
-                "created_at": now(),
-                "updated_at": now(),
-            }
-        )
+        row = {
+            "id": cmd.job_id,
+            "job_type": cmd.job_type,
+            "parent_id": cmd.parent_id,
+            "bmc_ip": cmd.spec.bmc_ip,
+            "vendor": cmd.spec.vendor,
+            "hostname": cmd.spec.hostname,
+            "state": State.queued.value,
+            "message": "Queued",
+            "percent": 0,
+            "token_hash": token_hash(token),
+            "token_enc": self.box.encrypt(token, context=f"job-token:{cmd.job_id}"),
+            "owner": self.replica,
+            "attempts": 1,
+            "os_ip": "",
+            "method": method,
+            "spec": {**cmd.model_dump(mode="json"), "traceparent": current_traceparent()},
+            "created_at": now(),
+            "updated_at": now(),
+        }
+        created, other = await self.repo.insert(row)
         if not created:
             log.info("duplicate start command ignored", job_id=cmd.job_id)
             return
-        await self.emit(await self.load(cmd.job_id))
+        await self.emit(Job(**row))  # the row as inserted: its event needs no read back
         metrics.job_moved(cmd.job_type, cmd.spec.vendor, "queued", "", None)
         try:
             refuse_second_job(cmd.spec.bmc_ip, other)
@@ -260,9 +262,10 @@ class JobService:
             return
         self.spawn(cmd.job_id)
 
-    async def build_medium(self, cmd: StartProvision, token: str) -> None:
-        """Render the job's install method for this host into its medium's slot (the base ISO is shared)."""
-        job = await self.load(cmd.job_id)
+    async def build_medium(self, cmd: StartProvision, token: str, job: Job | None = None) -> None:
+        """Render the job's install method for this host into its medium's slot (the base ISO is
+        shared). ``job``: its row, if the caller has it (its install method is fixed at insert)."""
+        job = job if job is not None else await self.load(cmd.job_id)
         name = job.method or method_for(self.methods, cmd.job_type, cmd.spec.install_method, "preseed")
         method = self.methods.get(name)
         if method is None:

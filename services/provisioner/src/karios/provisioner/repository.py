@@ -39,6 +39,10 @@ class LeaseLost(Exception):
     """Another replica owns the job now (our lease expired): stop without touching the BMC."""
 
 
+class JobCancelled(Exception):
+    """The job was cancelled: a worker step found it so (its move, or its check)."""
+
+
 @dataclass
 class Moved:
     job: Job
@@ -99,19 +103,24 @@ class JobRepository:
     ) -> Moved:
         """One transition of the table under the row lock (409 if forbidden).
 
-        ``owned``: only the lease owner may make it (:class:`LeaseLost`), and it renews the lease
-        while the job stays in the worker phase.
+        ``owned``: only the lease owner may make it (:class:`LeaseLost`; :class:`JobCancelled` if
+        the job was cancelled), and it renews the lease while the job stays in the worker phase.
+        The row lock and the database clock come in one statement.
         """
         async with self.db.session() as s, s.begin():
-            job = await s.get(Job, job_id, with_for_update=True)
-            if job is None:
+            found = (
+                await s.exec(sa.select(Job, sa.func.now()).where(T.c.id == job_id).with_for_update(of=T))
+            ).first()
+            if found is None:
                 raise NotFound(f"no job {job_id}")
+            job, db_now = found
+            if owned and job.state == State.cancelled.value:
+                raise JobCancelled(job_id)
             if owned and job.owner != self.replica and not is_terminal(job.state):
                 raise LeaseLost(f"job {job_id} is owned by {job.owner or 'nobody'}")
             previous = State(job.state)
             new = transition(job.state, target)
             if new in WORKER_STATES and owned:
-                db_now = (await s.exec(sa.select(sa.func.now()))).one()[0]
                 job.lease_until = db_now + timedelta(seconds=self.cfg.lease_seconds)
             elif new not in WORKER_STATES:
                 job.lease_until = None  # worker phase over: nothing left to claim

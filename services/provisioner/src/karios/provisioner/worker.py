@@ -2,14 +2,19 @@
 
 queued: wait for admission (admitter.py: bounded overall and per vendor, over all replicas);
 queued/building_media: check the BMC answers (before any medium is written), (re)build the
-medium; mounting: rebuild the medium (it lives on the replica that serves it), eject + insert +
-read back, boot override (all idempotent); then the gate ``mounting → booting`` (owner-checked,
-under the row lock, once per job) and only after it commits the one power reset.
+medium; mounting: rebuild the medium (it lives on the replica that serves it), eject + insert,
+boot override (all idempotent); then the gate ``mounting → booting`` (owner-checked, under the
+row lock, once per job) and only after it commits the one power reset.
+
+Per job: one BMC session (the probe's driver goes on to mount and reset: one login, one
+discovery), and every state move is the ownership and cancel check of its step (made under the
+row lock), so a step that moves the job does not read it first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,7 +26,7 @@ from karios.common.telemetry import get_logger
 from karios.provisioner.bmc import probe
 from karios.provisioner.drivers import RedfishDriver
 from karios.provisioner.models import Job
-from karios.provisioner.repository import LeaseLost, now
+from karios.provisioner.repository import JobCancelled, LeaseLost, now
 from karios.provisioner.statemachine import State
 
 if TYPE_CHECKING:
@@ -35,8 +40,7 @@ QUIRK_ONCE = (
 )
 
 
-class JobCancelled(Exception):
-    pass
+__all__ = ["JobCancelled", "run"]
 
 
 @dataclass
@@ -53,11 +57,14 @@ def subnet_of(ip: str) -> str:
         return ip
 
 
-async def run(svc: JobService, job_id: str) -> None:
-    """Work a job from its recorded state up to booting; safe to run again after a crash."""
+async def run(svc: JobService, job_id: str, job: Job | None = None) -> None:
+    """Work a job from its recorded state up to booting; safe to run again after a crash.
+
+    ``job``: the row as just read by the caller (checked here instead of read again)."""
     at = Attempt(job_id)
+    probed: RedfishDriver | None = None  # the probe's driver, handed on to the mount
     try:
-        at.job = await svc.check(job_id)
+        at.job = svc.verify(job) if job is not None else await svc.check(job_id)
         cmd = StartProvision.model_validate(at.job.spec)
         token = await svc.job_token(at.job)
         state = State(at.job.state)
@@ -65,14 +72,17 @@ async def run(svc: JobService, job_id: str) -> None:
             await svc.admitter.wait(job_id)  # admission control: a slot (all replicas, per vendor)
         if state in (State.queued, State.building_media):
             async with svc.bmc_sem:  # fail in seconds, before any medium is written
-                await probe(await svc.driver(cmd, probe=True))
+                probed = await svc.driver(cmd, probe=True)
+                await probe(probed)
         async with svc.build_sem:
-            await svc.check(job_id)
             if state == State.queued:
-                await svc.move(job_id, State.building_media, owned=True)
+                await svc.move(job_id, State.building_media, owned=True)  # owner + cancel check
                 state = State.building_media
-            await svc.build_medium(cmd, token)
-        kind = await mount_and_reset(svc, at, cmd, state)
+            else:
+                await svc.check(job_id)
+            await svc.build_medium(cmd, token, job=at.job)
+        drv, probed = probed, None
+        kind = await mount_and_reset(svc, at, cmd, state, drv)
         log.info("job booting", job_id=job_id, reset=kind, replica=svc.replica)
     except asyncio.CancelledError:
         log.info("worker stopping; the job stays claimable", job_id=job_id)
@@ -95,6 +105,9 @@ async def run(svc: JobService, job_id: str) -> None:
         log.exception("job failed", job_id=job_id)
         await svc.fail(job_id, "internal error (see the provisioner log)")
     finally:
+        if probed is not None:  # stopped before the mount: end the probe's session
+            with contextlib.suppress(Exception):
+                await probed.close()
         if svc.tasks.get(job_id) is asyncio.current_task():
             svc.tasks.pop(job_id, None)
 
@@ -106,30 +119,48 @@ async def _after_cancel(svc: JobService, at: Attempt) -> None:
         await svc.cleanup_bmc(at.job)
 
 
-async def mount_and_reset(svc: JobService, at: Attempt, cmd: StartProvision, state: State) -> str:
+async def mount_and_reset(
+    svc: JobService, at: Attempt, cmd: StartProvision, state: State, probed: RedfishDriver | None = None
+) -> str:
+    """Mount, boot override, the gate and the reset; ``probed``: the probe's driver (its session
+    and discovery are reused; it is closed here)."""
     subnet = svc.subnet_sems[subnet_of(cmd.spec.bmc_ip)]
-    async with svc.bmc_sem, subnet:
-        await svc.check(at.job_id)
-        if state == State.building_media:
-            await svc.move(at.job_id, State.mounting, owned=True)
-        drv = await svc.driver(cmd)
-        async with drv:
-            at.mounted = True
-            await drv.mount(f"{svc.cfg.media_url.rstrip('/')}/media/{at.job_id}.iso")
-            svc.mounts += 1
-            note = quirk_note(drv, await drv.set_boot_cd_once())
-            if note:
-                log.warning("BMC ignores one-time boot overrides", job_id=at.job_id, bmc_ip=cmd.spec.bmc_ip)
-            await svc.check(at.job_id)
-            gate = asyncio.create_task(gate_and_reset(svc, at.job_id, drv, note))
-            gate.add_done_callback(_retrieve)
-            svc.resetting[at.job_id] = gate
-            try:
-                kind = await asyncio.shield(gate)
-            finally:
-                if gate.done():
-                    svc.resetting.pop(at.job_id, None)
-            await drv.wait_power_on()
+    try:
+        async with svc.bmc_sem, subnet:
+            if state == State.building_media:
+                await svc.move(at.job_id, State.mounting, owned=True)  # owner + cancel check
+            else:
+                await svc.check(at.job_id)
+            if probed is not None:
+                drv, probed = probed, None
+                drv.relax(svc.cfg.bmc_timeout, svc.cfg.bmc_retries)
+            else:
+                drv = await svc.driver(cmd)
+            return await _mount_and_reset(svc, at, drv)
+    finally:
+        if probed is not None:
+            with contextlib.suppress(Exception):
+                await probed.close()
+
+
+async def _mount_and_reset(svc: JobService, at: Attempt, drv: RedfishDriver) -> str:
+    async with drv:
+        at.mounted = True
+        await drv.mount(f"{svc.cfg.media_url.rstrip('/')}/media/{at.job_id}.iso")
+        svc.mounts += 1
+        note = quirk_note(drv, await drv.set_boot_cd_once())
+        if note:
+            log.warning("BMC ignores one-time boot overrides", job_id=at.job_id, bmc_ip=drv.ep.bmc_ip)
+        # No read of the job here: the gate's move checks owner and cancel under the row lock.
+        gate = asyncio.create_task(gate_and_reset(svc, at.job_id, drv, note))
+        gate.add_done_callback(_retrieve)
+        svc.resetting[at.job_id] = gate
+        try:
+            kind = await asyncio.shield(gate)
+        finally:
+            if gate.done():
+                svc.resetting.pop(at.job_id, None)
+        await drv.wait_power_on()
     return kind
 
 

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from karios.api_gateway.auth import Principal, Role, require
+from karios.api_gateway.events import SSEResponse
 from karios.common.errors import ServiceUnavailable, ValidationFailed
 
 router = APIRouter(prefix="/controlnode", tags=["events"])
@@ -49,7 +50,7 @@ async def events(
     channel: list[str] | None = Query(None),
     last_event_id: str | None = Header(None, alias="Last-Event-ID"),
     _p: Principal = Depends(require(Role.viewer, query_token=True)),
-) -> StreamingResponse:
+) -> SSEResponse:
     wanted = parse_channels(channel)
     # A malformed Last-Event-ID (not ASCII digits) is treated as absent, as the SSE spec's
     # clients expect: the stream starts with new events instead of failing the reconnect.
@@ -58,9 +59,4 @@ async def events(
     if not request.app.state.runtime.bus.connected:
         # Nothing to stream from: a clear 503 + Retry-After (EventSource retries by itself).
         raise ServiceUnavailable("the event stream is unavailable while the message bus reconnects")
-    relay = request.app.state.relay
-    return StreamingResponse(
-        relay.stream(wanted, resume),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return SSEResponse(request.app.state.relay, wanted, resume)

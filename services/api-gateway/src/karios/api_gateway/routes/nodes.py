@@ -7,10 +7,11 @@ fabric worker pins the host key on first contact.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from karios.api_gateway.auth import Principal, Role, require
+from karios.api_gateway.readcache import read_cache
 from karios.common.contracts.nodes import (
     AdoptNode,
     ComputeNode,
@@ -125,12 +126,17 @@ async def list_nodes(
     offset: int = Query(0, ge=0, le=2_147_483_647, description="Items to skip"),
     limit: int = Query(100, ge=1, le=1000, description="Page size"),
     _p: Principal = Depends(require(Role.viewer)),
-) -> ComputeNodePage:
-    rt = request.app.state.runtime
-    return await rt.bus.request(
-        rt.bus.subjects.query("inventory", "compute_nodes"),
-        ComputeNodesQuery(offset=offset, limit=limit),
-        reply=ComputeNodePage,
+) -> Response:
+    bus = request.app.state.runtime.bus
+    # One inventory round trip serves every reader of this page for up to READ_TTL_S, encoded
+    # once (api_gateway.readcache; a write through this gateway drops it at once).
+    return await read_cache(request.app).response(
+        f"nodes:{offset}:{limit}",
+        lambda: bus.request(
+            bus.subjects.query("inventory", "compute_nodes"),
+            ComputeNodesQuery(offset=offset, limit=limit),
+            reply=ComputeNodePage,
+        ),
     )
 
 
@@ -142,12 +148,14 @@ async def list_nodes(
 )
 async def get_node(
     request: Request, node_ip: str = NODE_IP, _p: Principal = Depends(require(Role.viewer))
-) -> ComputeNode:
-    rt = request.app.state.runtime
-    return await rt.bus.request(
-        rt.bus.subjects.query("inventory", "compute_node"),
-        ComputeNodeQuery(node_ip=_node_ip(node_ip)),
-        reply=ComputeNode,
+) -> Response:
+    bus, ip = request.app.state.runtime.bus, _node_ip(node_ip)
+    # Shared like the list (api_gateway.readcache); a 404 is never kept.
+    return await read_cache(request.app).response(
+        f"node:{ip}",
+        lambda: bus.request(
+            bus.subjects.query("inventory", "compute_node"), ComputeNodeQuery(node_ip=ip), reply=ComputeNode
+        ),
     )
 
 

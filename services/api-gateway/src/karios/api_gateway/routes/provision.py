@@ -13,7 +13,7 @@ import uuid
 from typing import Annotated, Any
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.responses import JSONResponse
 from sqlmodel import select
 
@@ -26,12 +26,14 @@ from karios.api_gateway.models import (
     UnprovisionBody,
 )
 from karios.api_gateway.outbox import CommandOutbox
+from karios.api_gateway.readcache import read_cache
 from karios.api_gateway.readmodel import (
     JobRow,
     ProgressOut,
     ProvisionProgress,
     progress_json,
 )
+from karios.common.bus.runtime import Bus
 from karios.common.contracts.inventory import BmcHardware, BmcHardwareQuery
 from karios.common.contracts.provision import (
     AdmissionQuery,
@@ -225,12 +227,19 @@ async def progress_all(
     return [progress_json(r) for r in rows]
 
 
-@router.get("/provision/queue", summary="Provision queue status (pending and active entries)")
-async def queue(request: Request, _p: Principal = Depends(require(Role.viewer))) -> dict:
-    rt = request.app.state.runtime
+@router.get(
+    "/provision/queue", response_model=dict, summary="Provision queue status (pending and active entries)"
+)
+async def queue(request: Request, _p: Principal = Depends(require(Role.viewer))) -> Response:
+    # One provisioner round trip serves every reader for up to READ_TTL_S, encoded once
+    # (api_gateway.readcache; a write through this gateway drops it at once).
+    return await read_cache(request.app).response("queue", lambda: _queue(request.app.state.runtime.bus))
+
+
+async def _queue(bus: Bus) -> dict:
     entries, admission = await asyncio.gather(
-        rt.bus.request(rt.bus.subjects.query("provision", "queue"), QueueQuery()),
-        rt.bus.request(rt.bus.subjects.query("provision", "admission"), AdmissionQuery()),
+        bus.request(bus.subjects.query("provision", "queue"), QueueQuery()),
+        bus.request(bus.subjects.query("provision", "admission"), AdmissionQuery()),
     )
     return {
         "entries": entries,

@@ -92,7 +92,7 @@ class ApplyJob:
         self.strict = strict
         self.concurrency = max(1, concurrency)
         self.overrides = {o.node_ip: o for o in overrides}
-        self.options = options or RolloutOptions()
+        self.options = (options or RolloutOptions()).for_fanout(min(len(self.nodes), self.concurrency))
         self._sink = sink or _discard
         self._abort = asyncio.Event()
         self._cancelled = False

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from secrets import token_hex
 from typing import TypeVar
 
@@ -25,20 +26,20 @@ from karios.fabric_worker.rollout.errors import (
 )
 from karios.fabric_worker.rollout.facts import (
     DISCOVER_SCRIPT,
-    MANAGED_FILES,
     NodeFacts,
     find_underlay,
     parse_facts,
 )
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, NodeTarget
 from karios.fabric_worker.rollout.plan import (
+    EVPN_SUMMARY_COMMAND,  # noqa: F401 (node_ops and drift_watch import it from here)
     FRR_FORCE_STOP,
     INSTALL_FRR_SCRIPT,
     DesiredNetwork,
     FrrAction,
     FrrPlan,
     baseline_network,
-    frr_action_command,
+    commit_script,
     frr_plan,
     frr_rollback_plan,
     interrupt_step_script,
@@ -46,13 +47,12 @@ from karios.fabric_worker.rollout.plan import (
     overlay_mtu,
     parse_evpn_summary,
     step_command,
+    verify_loop_script,
     verify_verdict,
-    write_file_command,
 )
 from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_files
 from karios.fabric_worker.rollout.ssh import NodeSession, open_session, redact
 
-EVPN_SUMMARY_COMMAND = "vtysh -c 'show bgp l2vpn evpn summary json'"
 T = TypeVar("T")
 TRACER = "karios.fabric-worker"
 
@@ -64,6 +64,16 @@ class RolloutOptions:
     install_timeout: float = 900.0
     verify_timeout: float = 60.0
     verify_interval: float = 0.5
+    # Verify polls per second over all the nodes a job verifies at once: each poll is a vtysh
+    # run on a node, so the per-node interval grows with the fan-out (CPU stays flat in N).
+    verify_polls_per_s: float = 40.0
+
+    def for_fanout(self, nodes: int) -> RolloutOptions:
+        """These options for `nodes` nodes verifying at once (the verify poll budget shared)."""
+        if self.verify_polls_per_s <= 0:
+            return self
+        interval = max(self.verify_interval, nodes / self.verify_polls_per_s)
+        return dataclasses.replace(self, verify_interval=round(interval, 2))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,20 +111,21 @@ class NodeResult(BaseModel):
     duration_s: float = 0.0
 
 
-async def apply_frr_plan(s: NodeSession, plan: FrrPlan, limit_s: float, *, fence: str = "") -> None:
-    """Write/delete the managed files and start/restart/reload/stop FRR (stop before writing).
-    Each command is an interruptible step (:func:`step_command`): a cancel kills it."""
-    stop_first = plan.action is FrrAction.STOP
-    if stop_first:
-        await s.run(step_command(frr_action_command(plan.action) or "true", fence=fence), limit_s=limit_s)
-    for name in MANAGED_FILES:
-        if name in plan.writes:
-            content = plan.writes[name]
-            cmd = step_command(write_file_command(name, content), fence=fence)
-            await s.run(cmd, input=content, limit_s=limit_s)
-    action = None if stop_first else frr_action_command(plan.action)
-    if action:
-        await s.run(step_command(action, fence=fence), limit_s=limit_s)
+async def apply_frr_plan(
+    s: NodeSession,
+    plan: FrrPlan,
+    limit_s: float,
+    *,
+    fence: str = "",
+    net: Sequence[str] = (),
+    net_first: bool = True,
+) -> None:
+    """The link changes `net` and the FRR plan (write/delete the managed files, start/restart/
+    reload/stop FRR; stop before writing) as ONE interruptible step (:func:`step_command`, one
+    SSH exec): a cancel kills it, the rollback fences it."""
+    script, data = commit_script(plan, net, net_first=net_first)
+    if script:
+        await s.run(step_command(script, fence=fence), input=data or None, limit_s=limit_s)
 
 
 async def until_abort(work: Awaitable[T], abort: asyncio.Event | None, label: str) -> T:
@@ -204,14 +215,6 @@ class NodeRollout:
             managed_vnis=self.intent.vnis,
         )
 
-    async def _run_script(self, s: NodeSession, cmds: list[str]) -> None:
-        if cmds:
-            cmd = step_command("set -e\n" + "\n".join(cmds), fence=self._fence)
-            await s.run(cmd, limit_s=self.options.command_timeout)
-
-    async def _apply_frr(self, s: NodeSession, plan: FrrPlan) -> None:
-        await apply_frr_plan(s, plan, self.options.command_timeout, fence=self._fence)
-
     async def _keep_baseline(self) -> None:
         if not self._baseline_kept and self._before_change is not None and self.baseline is not None:
             # Shielded: a cancel must not cut a database write in half (the node is untouched yet).
@@ -295,11 +298,10 @@ class NodeRollout:
             await self._emit("node_committing", f"{len(plan.writes)} file(s), {len(net)} link change(s)")
             r.touched = r.changed = True
             with step_span(TRACER, "fabric.node.commit"):
-                await self._run_script(s, net)
+                r.frr_action = plan.action.value
+                await apply_frr_plan(s, plan, opts.command_timeout, fence=self._fence, net=net)
                 if net:
                     r.steps.append("vtep_configured")
-                r.frr_action = plan.action.value
-                await self._apply_frr(s, plan)
             r.steps.append(
                 f"frr_{plan.action.value}" if plan.action is not FrrAction.NONE else "frr_config_written"
             )
@@ -310,26 +312,25 @@ class NodeRollout:
         r.steps.append("verified")
 
     async def _verify(self, s: NodeSession, abort: asyncio.Event | None) -> None:
-        deadline = time.monotonic() + self.options.verify_timeout
+        """Poll the EVPN summary until the peer is Established with routes sent: one SSH exec
+        running the poll loop on the node and streaming a line per poll (not an exec per poll)."""
+        opts = self.options
+        deadline = time.monotonic() + opts.verify_timeout
         expect_routes = bool(self.intent.vnis) and self.intent.advertise_all_vni
         verdict = "not checked"
-        while True:
-            self._check_abort(abort)
-            out = await s.run(EVPN_SUMMARY_COMMAND, limit_s=self.options.command_timeout, check=False)
-            peer = parse_evpn_summary(out.stdout, self.intent.peer_ip) if out.exit_status == 0 else None
-            verdict = verify_verdict(peer, self.intent.peer_ip, expect_routes) or ""
-            metrics.evpn_seen(self.target.node_ip, peer)
-            if not verdict:
-                return
-            if time.monotonic() >= deadline:
-                raise FabricVerifyFailed(
-                    f"{self._who()}: {verdict} after {self.options.verify_timeout:.0f} s"
-                )
-            if abort is not None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(abort.wait(), self.options.verify_interval)
-            else:
-                await asyncio.sleep(self.options.verify_interval)
+        polls = math.ceil(opts.verify_timeout / opts.verify_interval) + 2
+        script = verify_loop_script(opts.verify_interval, polls)
+        async with contextlib.aclosing(s.lines(script, limit_s=opts.command_timeout)) as lines:
+            async for line in lines:
+                self._check_abort(abort)
+                peer = parse_evpn_summary(line, self.intent.peer_ip)
+                verdict = verify_verdict(peer, self.intent.peer_ip, expect_routes) or ""
+                metrics.evpn_seen(self.target.node_ip, peer)
+                if not verdict:
+                    return
+                if time.monotonic() >= deadline:
+                    break
+        raise FabricVerifyFailed(f"{self._who()}: {verdict} after {opts.verify_timeout:.0f} s")
 
     # -- rollback ------------------------------------------------------------------------
 
@@ -389,16 +390,10 @@ async def rollback_node(
                 raise FabricVerifyFailed(f"{target.label}: unexpected discovery output: {exc}") from None
             plan = frr_rollback_plan(baseline, current)
             net = network_commands(current, baseline_network(baseline, tuple(vnis)))
-            script = ("set -e\n" + "\n".join(net)) if net else ""
-
-            if plan.action is FrrAction.STOP:
-                await apply_frr_plan(s, plan, opts.command_timeout)
-                if script:
-                    await s.run(script, limit_s=opts.command_timeout)
-            else:
-                if script:
-                    await s.run(script, limit_s=opts.command_timeout)
-                await apply_frr_plan(s, plan, opts.command_timeout)
+            # FRR stopped before its devices go; else the devices are back before FRR starts.
+            await apply_frr_plan(
+                s, plan, opts.command_timeout, net=net, net_first=plan.action is not FrrAction.STOP
+            )
         await emit(NodeEvent(target.node_ip, label, "node_rolled_back"))
         return True, ""
     except KariosError as exc:

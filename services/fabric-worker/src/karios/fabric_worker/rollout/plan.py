@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+from collections.abc import Sequence
 from enum import StrEnum
 
 from karios.fabric_worker.rollout.facts import FRRINIT, MANAGED_FILES, NodeFacts
@@ -180,6 +181,42 @@ def write_file_command(name: str, content: str | None) -> str:
     )
 
 
+def write_file_from_stdin(name: str, content: str | None) -> str:
+    """Like :func:`write_file_command`, for a script that writes several files from one stdin:
+    reads exactly this file's bytes (``dd iflag=fullblock``), so the next file's follow on stdin."""
+    if content is None:
+        return write_file_command(name, None)
+    size = len(content.encode())
+    path = shlex.quote(f"/etc/frr/{name}")
+    tmp = shlex.quote(f"/etc/frr/.{name}.karios-new")
+    read = f"dd bs={size} count=1 iflag=fullblock status=none of={tmp}" if size else f": > {tmp}"
+    return (
+        f"umask 027 && mkdir -p /etc/frr && {read} && [ $(wc -c < {tmp}) -eq {size} ] "
+        f"&& chown frr:frr {tmp} && chmod 640 {tmp} && mv -f {tmp} {path}"
+    )
+
+
+def commit_script(plan: FrrPlan, net: Sequence[str] = (), *, net_first: bool = True) -> tuple[str, str]:
+    """One shell script (and its stdin) making a whole commit in one SSH exec, in order: FRR
+    stopped first when the plan stops it, the link changes (before the files when `net_first`,
+    else after FRR), the managed files (contents over stdin, never argv), the FRR action.
+    Empty script: nothing to do."""
+    frr: list[str] = []
+    data: list[str] = []
+    if plan.action is FrrAction.STOP:
+        frr.append(f"{FRRINIT} stop")
+    for name in MANAGED_FILES:
+        if name in plan.writes:
+            content = plan.writes[name]
+            frr.append(write_file_from_stdin(name, content))
+            data.append(content or "")
+    action = None if plan.action is FrrAction.STOP else frr_action_command(plan.action)
+    if action:
+        frr.append(action)
+    cmds = [*net, *frr] if net_first else [*frr, *net]
+    return ("set -e\n" + "\n".join(cmds)) if cmds else "", "".join(data)
+
+
 def frr_action_command(action: FrrAction) -> str | None:
     if action is FrrAction.NONE:
         return None
@@ -286,6 +323,20 @@ class EvpnPeer:
     state: str
     pfx_rcd: int
     pfx_snt: int
+
+
+EVPN_SUMMARY_COMMAND = "vtysh -c 'show bgp l2vpn evpn summary json'"
+
+
+def verify_loop_script(interval: float, polls: int) -> str:
+    """The verify as ONE remote loop (one SSH exec per node, not one per poll): every `interval`
+    s, `show bgp l2vpn evpn summary json` on one line (empty when vtysh fails), at most `polls`
+    times. It ends by itself, or at its next write once the client closed the channel."""
+    return (
+        f"n={int(polls)}; while [ $n -gt 0 ]; do "
+        f"{{ {EVPN_SUMMARY_COMMAND} 2>/dev/null || true; }} | tr -d '\\n'; echo || exit 0; "
+        f"n=$((n-1)); [ $n -gt 0 ] && sleep {interval:.2f}; done; true"
+    )
 
 
 def parse_evpn_summary(text: str, peer_ip: str) -> EvpnPeer | None:

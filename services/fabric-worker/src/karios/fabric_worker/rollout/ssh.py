@@ -62,6 +62,27 @@ class NodeSession:
             raise NodeCommandFailed(f"{self.target.label}: `{first}` exited {out.exit_status}: {detail}")
         return out
 
+    async def lines(self, command: str, *, limit_s: float = 60.0) -> AsyncIterator[str]:
+        """Run `command` and yield its stdout line by line as it comes (without the newline),
+        each within `limit_s`. Stopping the iteration (``aclose``) closes the channel."""
+        proc = None
+        try:
+            proc = await asyncio.wait_for(
+                self._conn.create_process(command, stderr=asyncssh.DEVNULL), limit_s
+            )
+            while True:
+                line = await asyncio.wait_for(proc.stdout.readline(), limit_s)
+                if not line:
+                    return
+                yield str(line).rstrip("\n")
+        except TimeoutError:
+            raise NodeCommandFailed(f"{self.target.label}: command timed out after {limit_s:.0f} s") from None
+        except (asyncssh.Error, OSError) as exc:
+            raise NodeCommandFailed(f"{self.target.label}: SSH session failed: {exc}") from None
+        finally:
+            if proc is not None:
+                proc.close()
+
     async def close(self) -> None:
         self._conn.close()
         with contextlib.suppress(Exception):

@@ -17,6 +17,7 @@ class Quirks:
     retry_on_409: bool = False  # HTTP 409 = "busy, try again" on this firmware
     strip_trailing_slash: bool = True  # compare/follow @odata.id with or without a trailing "/"
     boot_enabled: str = "Once"
+    read_back_insert: bool = False  # a 200/204 to InsertMedia does not mean inserted: read back
     max_concurrent_mounts: int = 1
 
 

@@ -1,7 +1,12 @@
 """Generic Redfish virtual-media driver on httpx (the adapter; errors translated here, once).
 
-Mount = discover (follow links) → eject what is inserted → insert → read back → one-time boot
-override to CD (UEFI) → reset (On or ForceRestart) → poll power state with a deadline.
+Mount = discover (follow links) → eject what is inserted → insert (read back unless the BMC's
+answer already confirms it) → one-time boot override to CD (UEFI), read back → reset (On or
+ForceRestart) → poll power state with a deadline.
+
+One driver is one session: what discovery found (service root, system URI, the system's links)
+is kept for the driver's lifetime, so every step after the first costs only its own request(s).
+A job's driver lives for seconds (probe, medium, mount, reset), so nothing cached goes stale.
 
 First contact (before any credential is sent): an unauthenticated GET of the service root, the
 TLS check of :mod:`.tls` (pin on first use, refuse a changed certificate), then the login.
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -86,7 +92,20 @@ class RedfishDriver:
             headers={"Accept": "application/json"},
         )
         self._session_tried = False
+        self._relogin_tried = False
         self.calls: list[tuple[str, str]] = []
+        self.last_status = 0  # HTTP status of the last answer (200/204: done; 202: a task)
+        self.last_method = ""
+        # Discovery, kept for this driver's (one job step's) lifetime: see the module docstring.
+        self._root: dict[str, Any] | None = None
+        self._sys_uri = ""
+        self._system: dict[str, Any] | None = None
+        self._fresh_system: dict[str, Any] | None = None  # read after our last write to it
+
+    def relax(self, timeout: float, retries: int) -> None:
+        """Switch a probe's short limits to the full ones (the same driver goes on to mount)."""
+        self.ep.timeout, self.ep.retries = timeout, retries
+        self.client.timeout = httpx.Timeout(timeout)
 
     async def close(self) -> None:
         if "X-Auth-Token" in self.client.headers and self._session_uri:
@@ -115,7 +134,11 @@ class RedfishDriver:
         if self.cert.mode == TlsMode.tofu and self.ep.pins is not None:
             self.cert.expected = await self.ep.pins.get(self.ep.bmc_ip)
         try:
-            await self.request("GET", ROOT)
+            root = await self.request("GET", ROOT)
+            # The service root is public (DSP0266) and the same document after the login: kept
+            # when it has the links we follow, so discovery does not read it twice.
+            if "Systems" in root:
+                self._root = root
         except (_ClientError, PermanentFailure) as exc:
             if self.cert.error() is not None:
                 raise
@@ -170,10 +193,10 @@ class RedfishDriver:
             ) from None
         raise AssertionError("unreachable: stamina either returns or raises")
 
-    async def _request_once(self, method: str, uri: str, json: Any) -> dict[str, Any]:
+    async def _send(self, method: str, uri: str, json: Any) -> httpx.Response:
         self.calls.append((method, uri))
         try:
-            r = await self.client.request(method, uri, json=json)
+            return await self.client.request(method, uri, json=json)
         except httpx.TimeoutException:
             raise _TransientBMCError(f"timeout after {self.ep.timeout}s") from None
         except httpx.HTTPError as exc:
@@ -181,6 +204,17 @@ class RedfishDriver:
             if refused is not None:
                 raise refused from None
             raise _TransientBMCError(type(exc).__name__) from None
+
+    async def _request_once(self, method: str, uri: str, json: Any) -> dict[str, Any]:
+        r = await self._send(method, uri, json)
+        if r.status_code == 401 and "X-Auth-Token" in self.client.headers and not self._relogin_tried:
+            # Our session ended (a BMC's idle timeout, a BMC reboot): log in again, once.
+            self._relogin_tried = True
+            del self.client.headers["X-Auth-Token"]
+            self._session_uri = ""
+            await self._login()
+            r = await self._send(method, uri, json)
+        self.last_status, self.last_method = r.status_code, method
         if r.status_code < 400:
             if not r.content:
                 return {}
@@ -201,8 +235,26 @@ class RedfishDriver:
         return await self.request("GET", uri)
 
     # -- discovery ----------------------------------------------------------------------
+    async def service_root(self) -> dict[str, Any]:
+        if not self._session_tried:
+            await self._first_contact()  # may keep the root it read without credentials
+        if self._root is None:
+            self._root = await self.get(ROOT)
+        return self._root
+
     async def system_uri(self) -> str:
-        root = await self.get(ROOT)
+        if not self._sys_uri:
+            self._sys_uri = await self._find_system()
+        return self._sys_uri
+
+    async def system(self, sys_uri: str) -> dict[str, Any]:
+        """The system's document as first read by this driver (links, Boot capabilities)."""
+        if self._system is None:
+            self._system = await self.get(sys_uri)
+        return self._system
+
+    async def _find_system(self) -> str:
+        root = await self.service_root()
         systems = await self.get(root.get("Systems", {}).get("@odata.id", f"{ROOT}/Systems"))
         members = [m["@odata.id"] for m in systems.get("Members", [])]
         if not members:
@@ -218,31 +270,47 @@ class RedfishDriver:
         linked = [m["@odata.id"] for m in system.get("Links", {}).get("ManagedBy", []) if "@odata.id" in m]
         if linked:
             return linked
-        root = await self.get(ROOT)
+        root = await self.service_root()
         mgrs = await self.get(root.get("Managers", {}).get("@odata.id", f"{ROOT}/Managers"))
         return [m["@odata.id"] for m in mgrs.get("Members", [])]
 
     async def virtual_media_collections(self, sys_uri: str) -> list[str]:
         """VirtualMedia collections in the order this firmware wants them tried (links only)."""
-        system = await self.get(sys_uri)
+        return [u async for u in self._vm_collections(sys_uri)]
+
+    async def _vm_collections(self, sys_uri: str) -> AsyncIterator[str]:
+        """The same order, lazily: the Managers are read only if the collections before them
+        had no CD slot (``vm_prefer="system"``), or first (``"manager"``)."""
+        system = await self.system(sys_uri)
         from_system = [system["VirtualMedia"]["@odata.id"]] if "VirtualMedia" in system else []
-        from_mgr: list[str] = []
-        for m in await self.manager_uris(system):
-            mgr = await self.get(m)
-            if "VirtualMedia" in mgr:
-                from_mgr.append(mgr["VirtualMedia"]["@odata.id"])
-        order = from_system + from_mgr if self.quirks.vm_prefer == "system" else from_mgr + from_system
-        seen: list[str] = []
-        for u in order:
+
+        async def from_managers() -> AsyncIterator[str]:
+            for m in await self.manager_uris(system):
+                mgr = await self.get(m)
+                if "VirtualMedia" in mgr:
+                    yield mgr["VirtualMedia"]["@odata.id"]
+
+        async def ordered() -> AsyncIterator[str]:
+            if self.quirks.vm_prefer == "system":
+                for u in from_system:
+                    yield u
+            async for u in from_managers():
+                yield u
+            if self.quirks.vm_prefer != "system":
+                for u in from_system:
+                    yield u
+
+        seen: set[str] = set()
+        async for u in ordered():
             if self._path(u) not in seen:
-                seen.append(self._path(u))
-        return seen
+                seen.add(self._path(u))
+                yield self._path(u)
 
     def is_cd_slot(self, slot: dict[str, Any]) -> bool:
         return any(t in ("CD", "DVD") for t in slot.get("MediaTypes") or [])
 
     async def cd_slot(self, sys_uri: str) -> tuple[str, dict[str, Any]]:
-        for coll_uri in await self.virtual_media_collections(sys_uri):
+        async for coll_uri in self._vm_collections(sys_uri):
             try:
                 coll = await self.get(coll_uri)
             except _ClientError as exc:
@@ -299,14 +367,25 @@ class RedfishDriver:
         else:
             await self.request("PATCH", slot_uri, {"Image": image, "Inserted": True})
 
+    def insert_confirmed(self) -> bool:
+        """The BMC's answer to the insert is the proof: an action (POST) answered 200 or 204 has
+        completed (Redfish: a 202 is a task still running). A PATCH can answer 2xx and still
+        ignore a property, so it is read back, and so is a firmware with ``read_back_insert``."""
+        if self.quirks.read_back_insert:
+            return False
+        return self.last_method == "POST" and self.last_status in (200, 204)
+
     async def mount(self, image: str) -> str:
-        """Insert ``image`` into the CD slot and read it back. Returns the slot URI."""
+        """Insert ``image`` into the CD slot (read back unless the answer confirms it). Returns
+        the slot URI."""
         sys_uri = await self.system_uri()
         slot_uri, slot = await self.cd_slot(sys_uri)
         await self.eject(slot_uri, slot)
         if self.inserted(slot):
             slot = await self.get(slot_uri)
         await self.insert(slot_uri, slot, image)
+        if self.insert_confirmed():
+            return slot_uri
         back = await self.get(slot_uri)
         if back.get("Image") != image and not str(back.get("Image") or "").endswith(image.rsplit("/", 1)[-1]):
             raise UpstreamError(
@@ -337,9 +416,13 @@ class RedfishDriver:
         """Boot from the CD once; returns the ``BootSourceOverrideEnabled`` the BMC reads back
         (a BMC answering ``Continuous`` when ``Once`` was sent ignores one-time overrides)."""
         sys_uri = await self.system_uri()
-        system = await self.get(sys_uri)
-        await self.request("PATCH", sys_uri, self.boot_body(system))
-        back = (await self.get(sys_uri)).get("Boot", {})
+        system = await self.system(sys_uri)  # Boot capabilities: the discovery read has them
+        answer = await self.request("PATCH", sys_uri, self.boot_body(system))
+        # Read back (kept: a firmware may store "Continuous" for "Once", or ignore the target),
+        # unless the PATCH answered with the system itself (its Boot and its power state).
+        whole = "Boot" in answer and "PowerState" in answer
+        self._fresh_system = answer if whole else await self.get(sys_uri)
+        back = self._fresh_system.get("Boot", {})
         if back.get("BootSourceOverrideTarget") != "Cd":
             got = back.get("BootSourceOverrideTarget")
             raise UpstreamError(f"BMC {self.ep.bmc_ip} reports boot target {got!r} after setting Cd")
@@ -347,6 +430,7 @@ class RedfishDriver:
 
     async def clear_boot_override(self) -> None:
         sys_uri = await self.system_uri()
+        self._fresh_system = None
         await self.request(
             "PATCH",
             sys_uri,
@@ -355,7 +439,8 @@ class RedfishDriver:
 
     async def reset_into_media(self) -> str:
         sys_uri = await self.system_uri()
-        system = await self.get(sys_uri)
+        # Power state and the Reset action: the boot override's read-back is a moment old.
+        system, self._fresh_system = self._fresh_system or await self.get(sys_uri), None
         reset = (system.get("Actions") or {}).get("#ComputerSystem.Reset") or {}
         target = reset.get("target") or f"{sys_uri}/Actions/ComputerSystem.Reset"
         allowed = reset.get("ResetType@Redfish.AllowableValues")

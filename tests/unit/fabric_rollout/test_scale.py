@@ -1,0 +1,133 @@
+"""The rollout's scale-related pieces: a whole commit as one SSH exec (files split from one stdin,
+byte for byte), the verify as one remote poll loop, and a verify poll budget flat in N.
+
+The scripts are run by a real `sh` against a temporary directory standing in for /etc/frr."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from karios.fabric_worker.rollout.facts import FRRINIT
+from karios.fabric_worker.rollout.node import RolloutOptions
+from karios.fabric_worker.rollout.plan import (
+    EVPN_SUMMARY_COMMAND,
+    FrrAction,
+    FrrPlan,
+    commit_script,
+    parse_evpn_summary,
+    verify_loop_script,
+)
+
+SECRET = "hunter2-ü"  # non-ASCII: the byte count, not the character count, must be used
+
+
+def _local(script: str, etc: Path) -> str:
+    """The script against `etc` instead of /etc/frr, with the frr owner and FRR itself left out."""
+    return (
+        script.replace("/etc/frr", str(etc))
+        .replace("chown frr:frr", "true")
+        .replace(f"{FRRINIT} ", "echo frr-action ")
+    )
+
+
+@pytest.mark.skipif(shutil.which("dd") is None, reason="needs coreutils dd")
+def test_commit_writes_every_file_byte_for_byte_from_one_stdin(tmp_path: Path) -> None:
+    frr = f"frr defaults datacenter\n neighbor 198.18.0.1 password {SECRET}\n" * 40
+    daemons = "bgpd=yes\nzebra=yes\n"
+    (tmp_path / "vtysh.conf").write_text("old")
+    plan = FrrPlan({"frr.conf": frr, "daemons": daemons, "vtysh.conf": None}, FrrAction.RESTART)
+    script, data = commit_script(plan, ["echo link-change"])
+    assert SECRET not in script  # contents only over stdin
+    out = subprocess.run(
+        ["sh", "-c", _local(script, tmp_path)], input=data.encode(), capture_output=True, check=True
+    )
+    assert (tmp_path / "frr.conf").read_bytes() == frr.encode()
+    assert (tmp_path / "daemons").read_bytes() == daemons.encode()
+    assert not (tmp_path / "vtysh.conf").exists()
+    assert stat.S_IMODE(os.stat(tmp_path / "frr.conf").st_mode) == 0o640
+    assert out.stdout.decode().split() == ["link-change", "frr-action", "restart"]
+
+
+def test_commit_order_stop_first_and_network_after_for_a_stopping_rollback(tmp_path: Path) -> None:
+    plan = FrrPlan({"frr.conf": ""}, FrrAction.STOP)
+    script, data = commit_script(plan, ["echo link-change"], net_first=False)
+    assert data == ""
+    out = subprocess.run(["sh", "-c", _local(script, tmp_path)], capture_output=True, check=True, text=True)
+    assert out.stdout.split() == ["frr-action", "stop", "link-change"]
+    assert (tmp_path / "frr.conf").read_bytes() == b""
+    assert commit_script(FrrPlan({}, FrrAction.NONE)) == ("", "")
+
+
+def test_commit_stops_at_the_first_failing_command(tmp_path: Path) -> None:
+    plan = FrrPlan({"frr.conf": "x\n"}, FrrAction.START)
+    script, data = commit_script(plan, ["false"])
+    res = subprocess.run(["sh", "-c", _local(script, tmp_path)], input=data, capture_output=True, text=True)
+    assert res.returncode != 0 and not (tmp_path / "frr.conf").exists()
+
+
+def test_short_stdin_fails_the_write_instead_of_writing_a_truncated_file(tmp_path: Path) -> None:
+    plan = FrrPlan({"frr.conf": "0123456789\n"}, FrrAction.NONE)
+    script, _ = commit_script(plan)
+    res = subprocess.run(
+        ["sh", "-c", _local(script, tmp_path)], input="01234", capture_output=True, text=True
+    )
+    assert res.returncode != 0 and not (tmp_path / "frr.conf").exists()
+
+
+def _fake_vtysh(tmp_path: Path, states: list[str]) -> dict[str, str]:
+    """A `vtysh` answering the EVPN summary with the next of `states` (multi-line JSON, as FRR)."""
+    seq = tmp_path / "seq"
+    seq.write_text("0")
+    docs = [
+        json.dumps({"peers": {"198.18.0.1": {"state": s, "pfxRcd": 1, "pfxSnt": 2}}}, indent=2)
+        for s in states
+    ]
+    for i, d in enumerate(docs):
+        (tmp_path / f"doc{i}").write_text(d)
+    last = len(docs) - 1
+    exe = tmp_path / "vtysh"
+    exe.write_text(
+        f'#!/bin/sh\ni=$(cat {seq}); [ "$i" -gt {last} ] && i={last}; echo $((i+1)) > {seq}\n'
+        f'[ "$i" -eq 0 ] && {{ echo "bgpd is not running" >&2; exit 1; }}\ncat {tmp_path}/doc$i\n'
+    )
+    exe.chmod(0o755)
+    return {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+
+
+def test_verify_loop_streams_one_parseable_line_per_poll_and_ends_by_itself(tmp_path: Path) -> None:
+    env = _fake_vtysh(tmp_path, ["x", "Connect", "Established"])
+    assert EVPN_SUMMARY_COMMAND in verify_loop_script(0.05, 4)
+    t0 = time.monotonic()
+    out = subprocess.run(
+        ["sh", "-c", verify_loop_script(0.05, 4)], env=env, capture_output=True, text=True, timeout=10
+    )
+    lines = out.stdout.split("\n")[:-1]
+    assert len(lines) == 4 and time.monotonic() - t0 >= 0.15
+    assert lines[0] == ""  # vtysh failed: an empty line, judged "not configured"
+    states = [p.state if (p := parse_evpn_summary(line, "198.18.0.1")) else None for line in lines]
+    assert states == [None, "Connect", "Established", "Established"]
+
+
+def test_verify_loop_exits_once_the_reader_is_gone(tmp_path: Path) -> None:
+    env = _fake_vtysh(tmp_path, ["Established"])
+    proc = subprocess.Popen(["sh", "-c", verify_loop_script(0.05, 10_000)], env=env, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the SSH channel closed
+    assert proc.wait(timeout=5) is not None
+
+
+def test_verify_poll_budget_keeps_the_poll_rate_flat_in_n() -> None:
+    opts = RolloutOptions(verify_interval=0.3, verify_polls_per_s=40.0)
+    assert opts.for_fanout(3).verify_interval == 0.3
+    for n in (25, 50, 200):
+        assert n / opts.for_fanout(n).verify_interval == pytest.approx(40.0, rel=0.05)
+    assert RolloutOptions(verify_interval=0.3, verify_polls_per_s=0).for_fanout(50).verify_interval == 0.3
