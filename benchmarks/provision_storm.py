@@ -17,8 +17,10 @@ BMC reads the medium on demand. ``--media full`` keeps the stock behaviour (use 
 
 Prints: time from the first POST to the last power reset (the job rows' ``reset_at``, and every
 emulator saw exactly one reset per system), per-stage percentiles from the JetStream timestamps
-of the job events, BMC requests per host (the emulators' request logs), the provisioner's peak
-RSS, state-dir / database / event-stream growth, and the admission limits used.
+of the job events (and, before them, when each 202 came and when the gateway's outbox relay
+published the start command, seen by a core NATS subscriber), BMC requests per host (the
+emulators' request logs), the provisioner's peak RSS, state-dir / database / event-stream
+growth, and the admission limits used.
 """
 
 from __future__ import annotations

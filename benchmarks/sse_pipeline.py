@@ -114,7 +114,9 @@ class _Client(asyncio.Protocol):
             self.w.cut += 1
             self.w.finished(self)
         elif self.got >= self.w.expected:
-            self.w.finished(self)
+            # Stay connected until every client is done: 1,000 disconnects while the gateway
+            # still delivers the last event would be measured as that event's latency.
+            self.w.finished(self, close=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.w.finished(self)
@@ -136,10 +138,10 @@ class _Worker:
         if not self.waiting_ready:
             self.all_ready.set()
 
-    def finished(self, c: _Client) -> None:
+    def finished(self, c: _Client, *, close: bool = True) -> None:
         if c in self.open:
             self.open.discard(c)
-            if c.transport is not None:
+            if close and c.transport is not None:
                 c.transport.close()
         self.ready(c)
         if not self.open:
@@ -172,8 +174,10 @@ async def worker_main(ports: list[int], n: int, expected: int, token: str, timeo
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(w.all_done.wait(), timeout)
     cpu = (cpu_seconds() - cpu0) / max(1e-9, time.perf_counter() - t0)
-    for c in list(w.open):
+    for c in clients:
         w.finished(c)
+        if c.transport is not None:
+            c.transport.close()
     got = sum(c.got for c in clients)
     short = [(i % len(ports), c.got, c.connected) for i, c in enumerate(clients) if c.got < expected]
     sys.stdout.write(

@@ -67,6 +67,10 @@ async def test_http_and_https_listeners_serve_the_same_boot_path(settings, inven
             plain = await c.get(f"http://127.0.0.1:{http_port}/ipxe/52:54:00:aa:00:11")
             tls = await c.get(f"https://127.0.0.1:{https_port}/ipxe/52:54:00:aa:00:11")
             assert (await c.get(f"https://127.0.0.1:{https_port}/readyz")).status_code == 200
+        tls12 = ssl.create_default_context(cafile=str(cert))
+        tls12.maximum_version = ssl.TLSVersion.TLSv1_2  # iPXE's HTTPS: TLS 1.2 must be accepted
+        async with httpx.AsyncClient(verify=tls12) as c:
+            assert (await c.get(f"https://127.0.0.1:{https_port}/readyz")).status_code == 200
         assert plain.headers["server"] == tls.headers["server"] == server
         assert plain.status_code == tls.status_code == 200
         assert plain.text == tls.text and "inst.ks=http://" in plain.text  # installers get http:// URLs

@@ -5,6 +5,7 @@ The scripts are run by a real `sh` against a temporary directory standing in for
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -15,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from karios.fabric_worker.rollout import ssh
+from karios.fabric_worker.rollout.errors import NodeUnreachable
 from karios.fabric_worker.rollout.facts import FRRINIT
+from karios.fabric_worker.rollout.intent import NodeTarget
 from karios.fabric_worker.rollout.node import RolloutOptions
 from karios.fabric_worker.rollout.plan import (
     EVPN_SUMMARY_COMMAND,
@@ -131,3 +135,37 @@ def test_verify_poll_budget_keeps_the_poll_rate_flat_in_n() -> None:
     for n in (25, 50, 200):
         assert n / opts.for_fanout(n).verify_interval == pytest.approx(40.0, rel=0.05)
     assert RolloutOptions(verify_interval=0.3, verify_polls_per_s=0).for_fanout(50).verify_interval == 0.3
+
+
+async def test_ssh_handshakes_are_queued_not_all_started_at_once() -> None:
+    """50 connects to a listener that accepts and never answers: at most CONNECT_CONCURRENCY are
+    in flight at a time, and each fails after its own connect_timeout (not the queue's wait)."""
+    live, peak, writers = 0, 0, []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal live, peak
+        live += 1
+        peak = max(peak, live)
+        writers.append(writer)
+        await reader.read()  # until the client gives up
+        live -= 1
+        writer.close()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+
+    async def one() -> str:
+        target = NodeTarget(node_ip="127.0.0.1", ssh_port=port, password="x")
+        try:
+            async with ssh.open_session(target, connect_timeout=0.3):
+                return "connected"
+        except NodeUnreachable as exc:
+            return exc.message
+
+    n = 3 * ssh.CONNECT_CONCURRENCY
+    t0 = time.monotonic()
+    async with server:
+        results = await asyncio.gather(*(one() for _ in range(n)))
+    assert all("timed out after" in r for r in results), results[:3]
+    assert peak == ssh.CONNECT_CONCURRENCY
+    assert time.monotonic() - t0 >= 3 * 0.3  # three waves, each within its own timeout

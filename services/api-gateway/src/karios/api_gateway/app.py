@@ -71,7 +71,7 @@ def create_app(settings: KariosSettings | None = None) -> FastAPI:
         on_stop=on_stop,
     )
     app.state.relay = relay
-    app.add_middleware(DirectSSE)  # outermost: SSE bodies skip the per-chunk middleware hops
+    app.add_middleware(DirectSSE)  # outside the stack: SSE bodies skip its per-chunk send wrappers
     app.state.outbox = outbox
     app.state.after_outbox_commit = kill_after_commit_hook()
     app.state.token_cache = tokens

@@ -92,10 +92,11 @@ class GranianListener:
         return target
 
     async def serve(self) -> None:
-        from granian.constants import HTTPModes, Interfaces
+        from granian.constants import HTTPModes, Interfaces, SSLProtocols
         from granian.server.embed import Server
 
-        logging.getLogger("_granian").addFilter(_NotExperimental())
+        if not any(isinstance(f, _NotExperimental) for f in logging.getLogger("_granian").filters):
+            logging.getLogger("_granian").addFilter(_NotExperimental())
         self._server = server = Server(
             self._target() if self.lifespan else self.app,
             address=self.host,
@@ -109,6 +110,7 @@ class GranianListener:
             log_dictconfig=_GRANIAN_LOGGING,
             ssl_cert=self.ssl_cert,
             ssl_key=self.ssl_key,
+            ssl_protocol_min=SSLProtocols.tls12,  # as uvicorn: iPXE's HTTPS speaks TLS 1.2
         )
         if not self.lifespan:
             server.on_startup(lambda: setattr(self, "started", True))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import weakref
 from collections.abc import AsyncIterator, Iterable
 
 import asyncssh
@@ -99,6 +100,41 @@ def _known_hosts(target: NodeTarget):
     return ([key], [], [])
 
 
+# SSH handshakes in flight at once, per event loop. A job connecting to 50 nodes at once on a
+# small machine queues 50 handshakes (the worker's and 50 sshd re-execs): each then takes longer
+# than `connect_timeout` and fails. Queued here instead, the timeout measures the handshake alone.
+CONNECT_CONCURRENCY = 8
+_connect_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _slots() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    sem = _connect_slots.get(loop)
+    if sem is None:
+        sem = _connect_slots[loop] = asyncio.Semaphore(CONNECT_CONCURRENCY)
+    return sem
+
+
+async def _connect(target: NodeTarget, keys: list, connect_timeout: float) -> asyncssh.SSHClientConnection:
+    return await asyncio.wait_for(
+        asyncssh.connect(
+            target.host,
+            target.ssh_port,
+            username=target.username,
+            client_keys=keys or None,
+            password=target.password.get_secret_value() if target.password else None,
+            known_hosts=_known_hosts(target),
+            config=None,
+            agent_path=None,
+            connect_timeout=connect_timeout,
+            login_timeout=connect_timeout,
+        ),
+        connect_timeout + 1,
+    )
+
+
 @contextlib.asynccontextmanager
 async def open_session(
     target: NodeTarget, *, connect_timeout: float = 10.0, secrets: list[str] | None = None
@@ -111,21 +147,8 @@ async def open_session(
         except (asyncssh.KeyImportError, ValueError):
             raise NodeUnreachable(f"{target.label}: the stored SSH private key cannot be read") from None
     try:
-        conn = await asyncio.wait_for(
-            asyncssh.connect(
-                target.host,
-                target.ssh_port,
-                username=target.username,
-                client_keys=keys or None,
-                password=target.password.get_secret_value() if target.password else None,
-                known_hosts=_known_hosts(target),
-                config=None,
-                agent_path=None,
-                connect_timeout=connect_timeout,
-                login_timeout=connect_timeout,
-            ),
-            connect_timeout + 1,
-        )
+        async with _slots():
+            conn = await _connect(target, keys, connect_timeout)
     except asyncssh.HostKeyNotVerifiable:
         raise HostKeyChanged(
             f"{target.label}: host key changed (does not match the stored key); refusing to connect"
