@@ -33,6 +33,7 @@ import pytest
 from tests.fixtures.chaos import KariosUp, PrivateNats, PrivatePostgres, http_get, state_dir
 from tests.fixtures.chaos_jobs import Bmc, FabricApply, Provisions
 from tests.fixtures.chaos_work import Api, Db, Registrations, Row, render_table
+from tests.fixtures.fabric import lab_config
 from tests.fixtures.provision import write_inventory
 from tests.fixtures.wait import wait_until_sync
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
@@ -58,19 +59,8 @@ FORGET_INSTALLED_HOSTS = (
     "IF to_regclass('inventory.compute_nodes') IS NOT NULL THEN "
     "DELETE FROM inventory.compute_nodes WHERE bmc_ip LIKE '10.96.0.%'; END IF; END $$"
 )
-FABRIC_CONFIG = {
-    "as": 65000,
-    "fabric_switch_as": 65000,
-    "fabric_switch_name": "rr",
-    "fabric_switch_nos": "other",
-    "fabric_switch_peering_ip": fabric_lab.FABRIC_IP,
-    "fabric_switch_role": "spine",
-    "management_cidr": "198.18.0.0/24",
-    "router_id_cidr": "198.19.1.1/24",
-    "vxlan_mtu": 9000,
-    "ospf_enabled": False,
-    "expected_nodes": 3,
-}
+# The lab configuration, with the switch ack gate left on (its default).
+FABRIC_CONFIG = lab_config(skip_switch_ack=False)
 
 
 @dataclass

@@ -26,26 +26,23 @@ from karios.fabric_worker.app import create_app as worker_app
 from karios.fabric_worker.settings import FabricWorkerSettings
 from karios.inventory.app import create_app as inventory_app
 from tests.fixtures.apps import ADMIN
-from tests.fixtures.fabric import OPERATOR, OPERATOR_TOKEN, FabricEvents, finished, forget_jobs, sql
+from tests.fixtures.fabric import (
+    OPERATOR,
+    OPERATOR_TOKEN,
+    FabricEvents,
+    finished,
+    forget_jobs,
+    lab_config,
+    sql,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
 import fabric_lab
 
 pytestmark = pytest.mark.lab
 CI = os.environ.get("CI", "").lower() == "true"
-CONFIG = {
-    "as": 65000,
-    "fabric_switch_as": 65000,
-    "fabric_switch_name": "rr",
-    "fabric_switch_nos": "other",
-    "fabric_switch_peering_ip": fabric_lab.FABRIC_IP,
-    "fabric_switch_role": "spine",
-    "management_cidr": "198.18.0.0/24",
-    "router_id_cidr": "198.19.1.1/24",
-    "vxlan_mtu": 9000,
-    "ospf_enabled": False,
-    "expected_nodes": 3,
-}
+# The lab configuration, with the switch ack gate left on (its default).
+CONFIG = lab_config(skip_switch_ack=False)
 APPLY = "/controlnode/fabric-config/apply"
 BMCS = [f"198.18.2.{i}" for i in (1, 2, 3)]
 NODE_IPS = [fabric_lab.underlay_ip(i) for i in (1, 2, 3)]

@@ -31,7 +31,7 @@ from karios.fabric_worker.rollout.apply import check_apply
 from karios.fabric_worker.settings import FabricWorkerSettings
 from karios.inventory.app import create_app as inventory_app
 from tests.fixtures.apps import ADMIN, free_port
-from tests.fixtures.fabric import FabricEvents, finished, forget_jobs, sql
+from tests.fixtures.fabric import FabricEvents, finished, forget_jobs, lab_config, sql
 from tests.fixtures.wait import wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
@@ -40,19 +40,8 @@ import fabric_lab
 pytestmark = pytest.mark.lab
 CI = os.environ.get("CI", "").lower() == "true"
 VIEWER = {"Authorization": "Bearer kt_test-rollout-viewer"}
-CONFIG = {
-    "as": 65000,
-    "fabric_switch_as": 65000,
-    "fabric_switch_name": "rr",
-    "fabric_switch_nos": "other",
-    "fabric_switch_peering_ip": fabric_lab.FABRIC_IP,
-    "fabric_switch_role": "spine",
-    "management_cidr": "198.18.0.0/24",
-    "router_id_cidr": "198.19.1.1/24",
-    "vxlan_mtu": 9000,
-    "ospf_enabled": False,
-    "expected_nodes": 3,
-}
+# The lab configuration, with the switch ack gate left on (its default).
+CONFIG = lab_config(skip_switch_ack=False)
 
 
 @pytest.fixture(scope="module")

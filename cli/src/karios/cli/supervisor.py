@@ -118,7 +118,7 @@ class Supervisor:
                 self._spawn(child)
                 assert child.proc is not None
                 self.say(child, f"{child.name} restarted (pid {child.proc.pid}, start {child.starts})")
-            if child.down_since is not None and child.restart_at is None and _ready(child.ready_url):
+            if child.down_since is not None and child.restart_at is None and is_ready(child.ready_url):
                 self.say(child, f"{child.name} ready again after {now - child.down_since:.1f} s down")
                 child.down_since = None
 
@@ -163,9 +163,10 @@ def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(p.pid, sig)
 
 
-def _ready(url: str) -> bool:
+def is_ready(url: str, timeout: float = 0.5) -> bool:
+    """Whether the service's readiness URL answers 200 now (no answer counts as not ready)."""
     try:
-        with urllib.request.urlopen(url, timeout=0.5) as r:  # noqa: S310 (our own 127.0.0.1 URL)
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (our own 127.0.0.1 URL)
             return bool(r.status == 200)
     except OSError:
         return False

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from karios.cli.embedded import EmbeddedNats, EmbeddedPostgres, die_with_parent, free_port, nats_cluster
 from karios.cli.services import SERVICES
-from karios.cli.supervisor import Child, CrashLoop, CrashPolicy, Supervisor
+from karios.cli.supervisor import Child, CrashLoop, CrashPolicy, Supervisor, is_ready
 
 
 def state_dir() -> Path:
@@ -47,14 +47,6 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], deadline: float) -> Non
             pass
         time.sleep(0.1)
     raise RuntimeError("not ready in time")
-
-
-def _ready_now(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 (our own 127.0.0.1 URL)
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 def _up_env(state: Path) -> tuple[dict[str, str], str]:
@@ -252,7 +244,7 @@ class Up:
                 print(f"karios: {child.name} failed to start; see {child.log_path}", file=sys.stderr)
                 return False
             for name, child in list(pending.items()):
-                if child.restart_at is None and _ready_now(child.ready_url):
+                if child.restart_at is None and is_ready(child.ready_url, timeout=1):
                     print(f"  {name:14s} ready  {urls[name]}", flush=True)
                     child.down_since = None
                     del pending[name]
