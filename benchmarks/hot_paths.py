@@ -12,9 +12,11 @@ missing) so that the load generator is not Python:
    inventory on the shared NATS) under each ``BOOTAPI_SERVER`` (uvicorn, granian), with and
    without its ``/ipxe`` fast path (``BootapiApp.ipxe_fast_path``), against nginx in the same run.
 2. gateway authenticated reads, 100 connections: ``/controlnode/tokens/self`` (the auth path
-   alone), ``/controlnode/provision/queue`` (auth + a bus query): limit p99 < 50 ms. Rows
-   "1 connection": the service time of one request without queueing. Measured on the gateway of
-   ``karios up`` (uvicorn) and on a second replica under each ``--gateway-servers`` (granian).
+   alone), ``/controlnode/provision/queue`` and ``/controlnode/nodes`` (auth + a bus query, shared
+   for 250 ms): limit p99 < 50 ms. Rows "1 connection": the service time of one request without
+   queueing. Measured on the gateway of ``karios up`` (uvicorn, fast reads on) and on a second
+   replica under each ``--gateway-configs`` (server and fast reads on/off, by default
+   ``uvicorn:plain,granian:plain,granian:fast``).
 3. 10,000 registered nodes: ``/controlnode/nodes`` first and last page (limit=100) and a point
    lookup, at 100 nodes (registered through the API) and at 10,000 (the rest inserted in SQL):
    limit p99 at 10k <= 1.5x p99 at 100 (noise on a shared machine).
@@ -315,12 +317,44 @@ def gateway_rows(gw: str, token: str, secs: int) -> list[tuple[str, dict[str, fl
             wrk(f"{gw}/controlnode/provision/queue", 100, secs, token),
             50,
         ),
+        ("/controlnode/nodes (auth + bus)", wrk(f"{gw}/controlnode/nodes", 100, secs, token), 50),
     ]
 
 
-def second_gateway(s: System, server: str) -> tuple[subprocess.Popen[bytes], str]:
-    """A second gateway replica on the same system (NATS, database), ``karios run api-gateway``
-    with ``KARIOS_RUN_SERVER=server``."""
+#: Second gateway replicas of section 2: (HTTP server, fast reads). The gateway of ``karios up``
+#: is (uvicorn, fast reads on: the default).
+GATEWAY_CONFIGS = (("uvicorn", False), ("granian", False), ("granian", True))
+
+
+def serve_gateway(port: int, server: str, fast: bool) -> None:
+    """(child process) a gateway replica served as ``karios run api-gateway`` serves it
+    (cli/main.py; ``--server``/``KARIOS_RUN_SERVER``), with or without its fast reads
+    (``create_app(fast_reads=...)``, api_gateway/fastpath.py)."""
+    import uvicorn
+
+    from karios.api_gateway.app import create_app
+    from karios.bootapi.listeners import GranianListener, run_servers
+    from karios.common.settings import KariosSettings
+
+    settings = KariosSettings()
+    app = create_app(settings, fast_reads=fast)
+    if server == "granian":
+        asyncio.run(run_servers([GranianListener(app, settings.host, port, lifespan=True, threads=2)]))
+        return
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=5,
+    )
+
+
+def second_gateway(s: System, server: str, fast: bool) -> tuple[subprocess.Popen[bytes], str]:
+    """A second gateway replica on the same system (NATS, database) under ``server``, with or
+    without fast reads (:func:`serve_gateway`)."""
     port = free_port()
     listening = subprocess.run(
         ["ss", "-ltnpH", f"sport = :{s.ports['GATEWAY']}"], capture_output=True, text=True, check=True
@@ -330,8 +364,8 @@ def second_gateway(s: System, server: str) -> tuple[subprocess.Popen[bytes], str
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     env = dict(kv.decode().split("=", 1) for kv in raw if b"=" in kv)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "karios.cli", "run", "api-gateway", "--port", str(port)],
-        env=env | {"KARIOS_RUN_SERVER": server},
+        [sys.executable, str(Path(__file__).resolve()), "--serve-gateway", str(port), server, str(int(fast))],
+        env=env,
     )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -347,22 +381,28 @@ def second_gateway(s: System, server: str) -> tuple[subprocess.Popen[bytes], str
     raise SystemExit(f"a gateway under {server} did not become ready")
 
 
-def bench_gateway(s: System, secs: int, servers: tuple[str, ...] = ("granian",)) -> None:
-    """The gateway of ``karios up`` (uvicorn, the supported server), then a second replica under
-    each of ``servers`` (the same app; what the HTTP server alone changes)."""
-    rows = [(f"{name} [uvicorn]", r, lim) for name, r, lim in gateway_rows(s.url("GATEWAY"), s.token, secs)]
-    for server in servers:
-        proc, url = second_gateway(s, server)
+def bench_gateway(s: System, secs: int, configs: tuple[tuple[str, bool], ...] = GATEWAY_CONFIGS) -> None:
+    """The gateway of ``karios up`` (uvicorn, the supported server, fast reads on), then a second
+    replica under each of ``configs`` (server, fast reads): what the server and the fast path
+    alone change."""
+    url = s.url("GATEWAY")
+    rows = [(f"{name} [uvicorn]", r, lim) for name, r, lim in gateway_rows(url, s.token, secs)]
+    for server, fast in configs:
+        proc, url = second_gateway(s, server, fast)
         try:
-            server = httpx.get(f"{url}/healthz", timeout=5).headers.get("server", server)  # what answered
-            rows += [(f"{name} [{server}]", r, lim) for name, r, lim in gateway_rows(url, s.token, secs)]
+            served = httpx.get(f"{url}/healthz", timeout=5).headers.get("server", server)  # what answered
+            tag = f"[{served}{'' if fast else ', no fast path'}]"
+            rows += [(f"{name} {tag}", r, lim) for name, r, lim in gateway_rows(url, s.token, secs)]
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
     header(f"2. gateway authenticated reads, 100 connections, {secs} s each")
     for name, r, lim in rows:
         row(name, r, f"p99 < {lim} ms" if lim else "", r["p99"] / lim if lim else None)
-    print("ratio: p99 / limit (<= 1 meets it). [server]: the HTTP server of that gateway replica")
+    print(
+        "ratio: p99 / limit (<= 1 meets it). [server]: the HTTP server of that gateway replica; "
+        "'no fast path': every read through FastAPI (create_app(fast_reads=False))"
+    )
 
 
 async def register(s: System, n: int) -> float:
@@ -428,12 +468,17 @@ def main() -> None:
     )
     ap.add_argument("--only", default="ipxe,ipxe-ab,gateway,nodes")
     ap.add_argument(
-        "--gateway-servers",
-        default="granian",
-        help="section 2 also measures a second gateway replica under each (comma-separated; '' none)",
+        "--gateway-configs",
+        default=",".join(f"{srv}:{'fast' if fast else 'plain'}" for srv, fast in GATEWAY_CONFIGS),
+        help="section 2 also measures a second gateway replica under each SERVER:fast|plain "
+        "(comma-separated; '' none)",
     )
     ap.add_argument("--serve-bootapi", nargs=4, help=argparse.SUPPRESS)  # PREFIX PORT SERVER FAST (child)
+    ap.add_argument("--serve-gateway", nargs=3, help=argparse.SUPPRESS)  # PORT SERVER FAST (child)
     a = ap.parse_args()
+    if a.serve_gateway:
+        serve_gateway(int(a.serve_gateway[0]), a.serve_gateway[1], a.serve_gateway[2] == "1")
+        return
     if a.serve_bootapi:
         serve_bootapi(
             a.serve_bootapi[0], int(a.serve_bootapi[1]), a.serve_bootapi[2], a.serve_bootapi[3] == "1"
@@ -451,7 +496,8 @@ def main() -> None:
         if "ipxe" in only:
             bench_ipxe(s, a.seconds)
         if "gateway" in only:
-            bench_gateway(s, a.seconds, tuple(x for x in a.gateway_servers.split(",") if x))
+            configs = [c.split(":") for c in a.gateway_configs.split(",") if c]
+            bench_gateway(s, a.seconds, tuple((srv, mode == "fast") for srv, mode in configs))
         if "nodes" in only:
             bench_nodes(s, a.nodes, a.seconds)
     finally:

@@ -416,6 +416,8 @@ async def main() -> None:
         if r.get("slowest"):
             slow = ", ".join(f"#{seq} {ms:.0f} ms" for seq, ms in r["slowest"])
             print(f"{name}: slowest events (last delivery): {slow}")
+        if r.get("failed"):
+            print(f"{name}: {r['failed']} client(s) refused when connecting (their events count as missing)")
         if r.get("n_short"):
             short = f"{r['n_short']} client(s) short of every event (gateway, got, connected)"
             print(f"{name}: {short}: {r['short']}")

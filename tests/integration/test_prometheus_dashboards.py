@@ -339,10 +339,17 @@ async def test_every_dashboard_panel_has_data(settings, serve, emulator, lab, wo
                 await fabric_workload(admin, lab)
             print(f"\nworkload: {time.perf_counter() - t0:.1f}s")
 
+            workload_end = time.time()
+
             async def scraped_after_workload() -> bool:
                 result = await prom.query_range(c, "karios_fabric_jobs_total", start, time.time())
                 bus = await prom.query_range(c, "karios_bus_dlq_messages", start, time.time())
-                return has_value(result) and has_value(bus)
+                # Every target scraped at least twice after the workload (a rate needs two samples
+                # that saw it; a fast workload used to end between two scrapes of some target).
+                r = await c.get(f"{prom.url}/api/v1/query", params={"query": "min(timestamp(up == 1))"})
+                last = r.json()["data"]["result"]
+                twice = bool(last) and float(last[0]["value"][1]) >= workload_end + 2.5
+                return has_value(result) and has_value(bus) and twice
 
             await wait_until(scraped_after_workload, timeout=60, what="prometheus to scrape the workload")
             end = time.time()

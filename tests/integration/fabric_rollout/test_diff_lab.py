@@ -128,7 +128,16 @@ def _body_lines(diff: str, sign: str) -> list[str]:
 
 
 def _snapshot(lab) -> list[str]:
-    cmd = "cat /etc/frr/frr.conf 2>/dev/null; ip -br link; cat /run/frr/zebra.pid 2>/dev/null"
+    """What a write would change on a node: frr.conf, FRR running, links, addresses and MTUs.
+
+    Not the kernel's carrier state nor what follows from it (a bridge's carrier comes up on its
+    own after a port joins, ``NO-CARRIER``/``DOWN`` → ``UP``, CI saw it flip between two
+    snapshots; IPv6 then adds a link-local address): links with their admin flags but not the
+    carrier's, IPv4 addresses.
+    """
+    links = "ip -o link | sed -E 's/NO-CARRIER,|,LOWER_UP|,M-DOWN//g; s/ state [A-Z]+//'"
+    addrs = "ip -br -4 addr | awk '{$2=\"\"; print}'"
+    cmd = f"cat /etc/frr/frr.conf 2>/dev/null; {links}; {addrs}; cat /run/frr/zebra.pid 2>/dev/null"
     return [lab.node_exec(i, cmd).stdout for i in (1, 2, 3)]
 
 

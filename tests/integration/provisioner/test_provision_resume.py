@@ -271,7 +271,10 @@ async def test_a_worker_that_lost_its_lease_never_resets(stack, settings):
         )
         await wait_job(c, job, {"booting"})
         row = await job_row(settings.database_url, job)
-        assert row["owner"] == svc.replica and row["attempts"] == 2
+        # attempts: 2 = the intake + this takeover; one more when a renewal of these tests' 3 s
+        # lease came late on a loaded machine and this replica claimed its own job again (seen
+        # once in CI). What must hold whatever the count: this replica owns it, one reset.
+        assert row["owner"] == svc.replica and row["attempts"] >= 2
         assert await wait_resets(emu, sid, since) == 1
 
 

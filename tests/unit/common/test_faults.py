@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from karios.cli.supervisor import CrashPolicy
 from karios.common.bus.connection import RECONNECT_MAX_S, reconnect_backoff
-from karios.common.db.session import unavailable_database_error
+from karios.common.db.session import DatabaseUnreachable, unavailable_database_error
 from karios.common.errors import (
     InternalError,
     NotFound,
@@ -80,6 +80,7 @@ def test_public_error_is_opaque_for_anything_but_a_karios_error():
         ConnectionRefusedError(),
         _dbapi_error(QueryCanceledError("canceling statement due to statement timeout")),
         sa.exc.OperationalError("SELECT 1", {}, OSError("connection lost")),
+        DatabaseUnreachable("database unreachable: No such file or directory"),
     ],
 )
 def test_stalled_or_unreachable_database_is_503(exc):
@@ -88,7 +89,9 @@ def test_stalled_or_unreachable_database_is_503(exc):
 
 
 @pytest.mark.parametrize(
-    "exc", [ValueError("bad"), _dbapi_error(ValueError("value too long")), KeyError("x")]
+    # A FileNotFoundError outside a connect (a missing template, say) is a bug, not the database.
+    "exc",
+    [ValueError("bad"), _dbapi_error(ValueError("value too long")), KeyError("x"), FileNotFoundError(2, "x")],
 )
 def test_a_real_bug_is_not_disguised_as_unavailability(exc):
     assert unavailable_database_error(exc) is None

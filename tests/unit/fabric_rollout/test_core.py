@@ -44,20 +44,13 @@ from karios.fabric_worker.rollout.summary import (
     finalize,
     record_node,
 )
+from tests.unit.fabric_rollout.lab import lab_intent
 
 FIX = Path(__file__).parent / "fixtures"
 FRESH = parse_facts((FIX / "discover_node1_fresh.txt").read_text())
 APPLIED = parse_facts((FIX / "discover_node2_applied.txt").read_text())
 SUMMARY = (FIX / "evpn_summary_node2.json").read_text()
-INTENT = FabricIntent(
-    asn=65000,
-    peer_ip="198.18.0.1",
-    router_id_base="198.19.1.1",
-    router_id_prefix_len=24,
-    underlay_cidr="198.18.0.0/24",
-    vxlan_mtu=9000,
-    vnis=[100],
-)
+INTENT = lab_intent()
 
 
 # -- discovery ------------------------------------------------------------------------------

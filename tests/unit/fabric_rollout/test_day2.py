@@ -13,7 +13,7 @@ import pytest
 
 from karios.fabric_worker.rollout import judge
 from karios.fabric_worker.rollout.facts import parse_facts
-from karios.fabric_worker.rollout.intent import FabricIntent, NodeTarget
+from karios.fabric_worker.rollout.intent import NodeTarget
 from karios.fabric_worker.rollout.jobs import ApplyJob, RolloutEvent
 from karios.fabric_worker.rollout.node import NodeEvent, NodeResult
 from karios.fabric_worker.rollout.plan import (
@@ -28,18 +28,11 @@ from karios.fabric_worker.rollout.plan import (
 from karios.fabric_worker.rollout.preflight import PreflightNode, resolve_node, summarize
 from karios.fabric_worker.rollout.render import NodeRenderInput, frr_log_path, render_node_files
 from karios.fabric_worker.settings import FabricWorkerSettings
+from tests.unit.fabric_rollout.lab import lab_intent
 
 FIX = Path(__file__).parent / "fixtures"
 FRESH = parse_facts((FIX / "discover_node1_fresh.txt").read_text())
-INTENT = FabricIntent(
-    asn=65000,
-    peer_ip="198.18.0.1",
-    router_id_base="198.19.1.1",
-    router_id_prefix_len=24,
-    underlay_cidr="198.18.0.0/24",
-    vxlan_mtu=9000,
-    vnis=[100],
-)
+INTENT = lab_intent()
 
 
 def _node(i: int, mtu: int, mode: str = "reuse") -> judge.NodeSeen:

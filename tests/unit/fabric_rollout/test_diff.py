@@ -22,20 +22,13 @@ from karios.fabric_worker.rollout.diff import (
     redact_text,
 )
 from karios.fabric_worker.rollout.facts import Interface, NodeFacts
-from karios.fabric_worker.rollout.intent import FabricIntent
 from karios.fabric_worker.rollout.plan import DesiredNetwork, frr_plan, network_commands, overlay_mtu
 from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_files
+from tests.unit.fabric_rollout.lab import lab_intent
 
 BGP_PW = "s3cr3t-bgp-Pw"
 OSPF_KEY = "ospfKEY9"
-INTENT = FabricIntent(
-    asn=65000,
-    peer_ip="198.18.0.1",
-    router_id_base="198.19.1.1",
-    router_id_prefix_len=24,
-    underlay_cidr="198.18.0.0/24",
-    vxlan_mtu=9000,
-    vnis=[100],
+INTENT = lab_intent(
     bgp_password=BGP_PW,
     underlay="ospf",
     ospf_auth_type="message-digest",

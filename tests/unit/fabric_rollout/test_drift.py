@@ -14,18 +14,11 @@ from karios.fabric_worker.rollout.drift import (
     unreachable,
 )
 from karios.fabric_worker.rollout.facts import Interface, NodeFacts
-from karios.fabric_worker.rollout.intent import FabricIntent
 from karios.fabric_worker.rollout.plan import overlay_mtu
 from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_files
+from tests.unit.fabric_rollout.lab import lab_intent
 
-INTENT = FabricIntent(
-    asn=65000,
-    peer_ip="198.18.0.1",
-    router_id_base="198.19.1.1",
-    router_id_prefix_len=24,
-    underlay_cidr="198.18.0.0/24",
-    vxlan_mtu=9000,
-    vnis=[100],
+INTENT = lab_intent(
     bgp_password="hunter2",
 )
 VTEP = "198.19.1.2"

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import time
@@ -22,11 +23,14 @@ from karios.fabric_worker.rollout.facts import FRRINIT
 from karios.fabric_worker.rollout.intent import NodeTarget
 from karios.fabric_worker.rollout.node import RolloutOptions
 from karios.fabric_worker.rollout.plan import (
+    BGP_PORT,
     EVPN_SUMMARY_COMMAND,
+    VERIFY_NO_SESSION,
     FrrAction,
     FrrPlan,
     commit_script,
     parse_evpn_summary,
+    proc_net_tcp_addr,
     verify_loop_script,
 )
 
@@ -169,3 +173,39 @@ async def test_ssh_handshakes_are_queued_not_all_started_at_once() -> None:
     assert all("timed out after" in r for r in results), results[:3]
     assert peak == ssh.CONNECT_CONCURRENCY
     assert time.monotonic() - t0 >= 3 * 0.3  # three waves, each within its own timeout
+
+
+def _gated_loop(polls: int, port: int) -> str:
+    """The gated verify loop against 127.0.0.1:`port` instead of the peer's BGP port."""
+    script = verify_loop_script(0.01, polls, "127.0.0.1")
+    assert f" {proc_net_tcp_addr('127.0.0.1')}:{BGP_PORT:04X} 01 " in script
+    return script.replace(f":{BGP_PORT:04X}", f":{port:04X}")
+
+
+def test_proc_net_tcp_addr_is_the_kernels_spelling() -> None:
+    assert proc_net_tcp_addr("198.18.0.1") == "010012C6"
+    assert proc_net_tcp_addr("127.0.0.1") == "0100007F"
+
+
+def test_verify_loop_runs_vtysh_only_once_a_tcp_session_to_the_peer_exists(tmp_path: Path) -> None:
+    """No session: each poll prints the no-session marker (vtysh only on every 8th and the last
+    poll); with an established connection to the peer's port, every poll runs vtysh."""
+    env = _fake_vtysh(tmp_path, ["x", "Established"])  # its first run fails: bgpd not up yet
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    with listener:
+        idle = subprocess.run(
+            ["sh", "-c", _gated_loop(10, port)], env=env, capture_output=True, text=True, timeout=10
+        ).stdout.split("\n")[:-1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            conn, _ = listener.accept()
+            with conn:
+                live = subprocess.run(
+                    ["sh", "-c", _gated_loop(3, port)], env=env, capture_output=True, text=True, timeout=10
+                ).stdout.split("\n")[:-1]
+        del client
+    ran = [i for i, line in enumerate(idle) if line != VERIFY_NO_SESSION]
+    assert ran == [1, 9], idle  # n = 9 (9 % 8 == 1) and the last poll (n = 1)
+    assert idle[1] == ""  # vtysh failed: judged "not configured", as before
+    assert parse_evpn_summary(idle[9], "198.18.0.1").state == "Established"
+    assert all(parse_evpn_summary(line, "198.18.0.1") is not None for line in live) and len(live) == 3

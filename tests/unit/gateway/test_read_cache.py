@@ -19,19 +19,21 @@ from karios.api_gateway.readcache import InvalidateOnWrite, ReadCache, read_cach
 
 
 class Source:
-    """What the cache reads from: a value, a count of reads, and a gate to hold a read open."""
+    """What the cache reads from: a value, a count of reads, and a gate to hold a read open.
+    ``snapshot``: a read answers the value as it was when the read started (else when it ends)."""
 
-    def __init__(self) -> None:
-        self.value, self.reads, self.fail = 0, 0, False
+    def __init__(self, snapshot: bool = False) -> None:
+        self.value, self.reads, self.fail, self.snapshot = 0, 0, False, snapshot
         self.gate = asyncio.Event()
         self.gate.set()
 
     async def read(self) -> dict[str, int]:
         self.reads += 1
+        taken = self.value
         await self.gate.wait()
         if self.fail:
             raise RuntimeError("source down")
-        return {"value": self.value}
+        return {"value": taken if self.snapshot else self.value}
 
 
 def app_with(source: Source, ttl: float) -> FastAPI:

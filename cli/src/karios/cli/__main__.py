@@ -1,5 +1,5 @@
 import sys
 
-from karios.cli.main import main
+from karios.cli.entry import main
 
 sys.exit(main())

@@ -460,6 +460,7 @@ class FabricLab:
             os.makedirs(ndir)
             etc, run = os.path.join(ndir, "etc-frr"), os.path.join(ndir, "run-frr")
             _make_frr_dirs(etc, run, seed=self.seed_frr_etc)
+            _make_node_home(os.path.join(ndir, "root-home"))
             hostkey = os.path.join(ndir, "ssh_host_ed25519_key")
             _keygen(hostkey, f"root@{name}")
             with open(hostkey + ".pub") as fh:
@@ -537,6 +538,8 @@ class FabricLab:
                     "link set br-underlay up",
                 ],
             )
+        for n in self.nodes:
+            _wait_carrier(n.netns, "br-underlay")
         if self.host_link:
             self._host_lock_fd = _acquire_lock("host-link.lock", self.host_link_lock_timeout)
             _remove_stale_host_links()
@@ -583,10 +586,12 @@ class FabricLab:
                     )
                 )
             # ip netns exec: own netns + private (slave) mount ns; unshare --uts: hostname.
+            # The node's own /root (a fresh Debian root home): the host's dotfiles (a developer's
+            # ~/.bashrc, which bash sources for every SSH command) are not the node's.
             # Every step execs, so the Popen pid is sshd's pid.
             script = (
                 'set -e; hostname "$1"; mount --bind "$2" /etc/frr; '
-                'mount --bind "$3" /run/frr; exec "$4" -D -e -f "$5"'
+                'mount --bind "$3" /run/frr; mount --bind "$6" /root; exec "$4" -D -e -f "$5"'
             )
             with open(os.path.join(ndir, "sshd.log"), "wb") as log:
                 proc = subprocess.Popen(
@@ -607,6 +612,7 @@ class FabricLab:
                         n.run_frr_dir,
                         sshd,
                         cfg,
+                        os.path.join(ndir, "root-home"),
                     ],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -807,6 +813,21 @@ def _ip_batch(ns: str, lines: list[str]) -> None:
         raise RuntimeError(f"ip -n {ns} -batch failed: {res.stderr.strip()}\n" + "\n".join(lines))
 
 
+def _wait_carrier(ns: str, ifname: str, timeout: float = 5.0) -> None:
+    """Wait until `ifname` in `ns` has carrier (operstate UP), or `timeout` has passed.
+
+    A bridge's carrier comes up asynchronously after its port does (the kernel's link watch runs
+    up to a second later): a lab handed over before that changes under the first test that looks.
+    """
+    path = f"/sys/class/net/{ifname}/operstate"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        res = subprocess.run(["ip", "netns", "exec", ns, "cat", path], capture_output=True, text=True)
+        if res.stdout.strip() == "up":
+            return
+        time.sleep(0.05)
+
+
 def _acquire_lock(name: str, timeout: float) -> int:
     os.makedirs(LOCK_DIR, exist_ok=True)
     fd = os.open(os.path.join(LOCK_DIR, name), os.O_RDWR | os.O_CREAT, 0o644)
@@ -836,6 +857,15 @@ def _read_pid(path: str) -> int:
 
 def _chown_frr(path: str) -> None:
     shutil.chown(path, "frr", "frr")
+
+
+def _make_node_home(path: str) -> None:
+    """A node's /root as Debian creates it (base-files' dot.bashrc/dot.profile, else empty)."""
+    os.makedirs(path, mode=0o700)
+    for name in ("bashrc", "profile"):
+        src = f"/usr/share/base-files/dot.{name}"
+        if os.path.exists(src):
+            shutil.copyfile(src, os.path.join(path, f".{name}"))
 
 
 def _make_frr_dirs(etc: str, run: str, *, seed: bool) -> None:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import urllib.error
-import urllib.request
 from enum import StrEnum
 from types import SimpleNamespace
 from typing import Annotated
@@ -109,11 +107,11 @@ def run(
     if spec.name == "bootapi":
         # bootapi honours its seed's BOOTAPI_LISTEN_ADDR (--port overrides it), the optional
         # parallel HTTPS listener and BOOTAPI_SERVER (granian by default).
-        from karios.bootapi.listeners import serve
+        from karios.bootapi.listeners import run as run_bootapi
         from karios.bootapi.settings import BootapiSettings
 
         boot = BootapiSettings(**({"listen_addr": f"{settings.host}:{port}"} if port else {}))
-        asyncio.run(serve(settings, boot))
+        run_bootapi(settings, boot)  # on uvloop, as uvicorn runs the other services
         return
     listen_port = port or int(getattr(settings, spec.port_setting))
     if server is HttpServer.granian:
@@ -140,19 +138,9 @@ def ready(
     timeout: Annotated[float, typer.Option(help="seconds")] = 2.0,
 ) -> None:
     """Exit 0 if a service on this host is ready (/readyz answers 200; container health checks)."""
-    from karios.common.settings import KariosSettings
+    from karios.cli.entry import ready as check
 
-    spec = SERVICES[service.value]
-    url = f"http://127.0.0.1:{int(getattr(KariosSettings(), spec.port_setting))}/readyz"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            body, ok = r.read().decode(errors="replace"), r.status == 200
-    except urllib.error.HTTPError as exc:
-        body, ok = exc.read().decode(errors="replace"), False
-    except OSError as exc:
-        body, ok = f"no answer: {exc}", False
-    print(f"{service.value}: {'ready' if ok else 'not ready'} {body}")
-    raise typer.Exit(0 if ok else 1)
+    raise typer.Exit(check(service.value, timeout))
 
 
 @app.command()
@@ -201,12 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # click usage errors and the like: one line, no stack trace
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
+    except Exception as exc:  # usage errors and the like: one line, no stack trace
+        # Typer ≥ 0.2x carries its own click (typer._click): its ClickException is a TyperException,
+        # not click's — catching click.ClickException let every usage error end in a traceback.
+        show = getattr(exc, "show", None)
+        if isinstance(exc, typer.TyperException) and callable(show):
+            show()
+            return int(getattr(exc, "exit_code", 2))
         raise
     return 0
 

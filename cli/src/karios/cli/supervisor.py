@@ -17,12 +17,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from karios.cli.entry import probe
 
 
 @dataclass
@@ -165,8 +166,4 @@ def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
 
 def is_ready(url: str, timeout: float = 0.5) -> bool:
     """Whether the service's readiness URL answers 200 now (no answer counts as not ready)."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (our own 127.0.0.1 URL)
-            return bool(r.status == 200)
-    except OSError:
-        return False
+    return probe(url, timeout)[0]

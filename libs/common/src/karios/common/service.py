@@ -150,6 +150,16 @@ def _instrument_http(app: FastAPI, runtime: ServiceRuntime) -> None:
     )
     tracer = trace.get_tracer(f"karios.{runtime.name}")
     app.add_middleware(_Observe, tracer=tracer, requests=requests, duration=duration)
+    app.state.http_metrics = HttpMetrics(requests, duration)
+
+
+@dataclass(frozen=True)
+class HttpMetrics:
+    """The RED metrics ``_Observe`` keeps; a layer that answers before it (the gateway's fast
+    reads) counts its answers here, so that every request is in them."""
+
+    requests: Counter
+    duration: Histogram
 
 
 class _Observe:

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from karios.api_gateway.auth import Role, TokenCache, create_token
 from karios.api_gateway.errordoc import document_errors
 from karios.api_gateway.events import DirectSSE, EventRelay, freeze_startup_heap
+from karios.api_gateway.fastpath import FastReads, fast_path_wanted, fast_reads_counter, route_roles
 from karios.api_gateway.models import SCHEMA
 from karios.api_gateway.outbox import CommandOutbox, kill_after_commit_hook, waiting_msg_ids
 from karios.api_gateway.readcache import InvalidateOnWrite, ReadCache
@@ -22,7 +23,9 @@ from karios.common.settings import KariosSettings
 SERVICE = "api-gateway"
 
 
-def create_app(settings: KariosSettings | None = None) -> FastAPI:
+def create_app(settings: KariosSettings | None = None, *, fast_reads: bool | None = None) -> FastAPI:
+    """The gateway. ``fast_reads``: answer the hot authenticated reads before FastAPI's layers
+    (:mod:`karios.api_gateway.fastpath`); default on unless spans are exported."""
     settings = settings or KariosSettings()
     rt = ServiceRuntime(SERVICE, settings, schema=SCHEMA, migrations=Path(__file__).parent / "migrations")
     assert rt.db is not None
@@ -76,9 +79,20 @@ def create_app(settings: KariosSettings | None = None) -> FastAPI:
     app.state.after_outbox_commit = kill_after_commit_hook()
     app.state.token_cache = tokens
     app.state.secret_box = SecretBox.from_settings(settings)
-    app.state.read_cache = ReadCache()  # queue and node-list reads shared for READ_TTL_S
+    app.state.read_cache = reads = ReadCache()  # queue and node-list reads shared for READ_TTL_S
     app.add_middleware(InvalidateOnWrite)  # a write through this replica drops them at once
-    for router in ROUTERS():
+    routers = ROUTERS()
+    for router in routers:
         app.include_router(router)
     document_errors(app)  # every 4xx/5xx in the OpenAPI document is ErrorResponse
+    # Outermost: the hot authenticated reads answered from those caches without FastAPI's layers.
+    app.add_middleware(
+        FastReads,
+        tokens=tokens,
+        reads=reads,
+        metrics=app.state.http_metrics,
+        roles=route_roles(route for router in routers for route in router.routes),
+        answered=fast_reads_counter(rt.registry),
+        enabled=fast_path_wanted() if fast_reads is None else fast_reads,
+    )
     return app

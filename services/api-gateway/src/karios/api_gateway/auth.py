@@ -137,6 +137,11 @@ class TokenCache:
         )
         return result.value
 
+    def cached(self, token: str) -> Principal | None:
+        """The principal of ``token`` if it is verified and kept now; None otherwise (unknown,
+        refused, or not asked yet: :meth:`authenticate` decides those)."""
+        return self._cache.peek(hash_token(token))
+
     async def on_token_changed(self, msg: ApiTokenChanged) -> None:
         self._cache.invalidate([f"name:{msg.name}"])
 
@@ -174,7 +179,14 @@ def require(role: Role, *, query_token: bool = False):  # type: ignore[no-untype
             raise Forbidden(f"this endpoint needs role {role.name}; token has {principal.role.name}")
         return principal
 
+    dependency.required_role = role  # type: ignore[attr-defined]  # read by api_gateway.fastpath
     return dependency
+
+
+def required_role(dependency: object) -> Role | None:
+    """The least role a :func:`require` dependency admits (None for any other callable)."""
+    role = getattr(dependency, "required_role", None)
+    return role if isinstance(role, Role) else None
 
 
 CONSOLE_COOKIE = "karios_console"

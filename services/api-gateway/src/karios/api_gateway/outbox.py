@@ -49,6 +49,7 @@ class CommandOutbox(common.CommandOutbox):
         *,
         on_relayed: common.Relayed | None = None,
         registry: CollectorRegistry | None = None,
+        workers: int = common.RELAY_WORKERS,
     ) -> None:
         super().__init__(
             bus,
@@ -58,6 +59,7 @@ class CommandOutbox(common.CommandOutbox):
             name="api-gateway",
             on_relayed=on_relayed,
             registry=registry,
+            workers=workers,
         )
 
 

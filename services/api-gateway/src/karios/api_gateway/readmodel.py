@@ -7,7 +7,6 @@ each event is applied in one transaction with ``claim_message`` so a redelivered
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,6 +24,7 @@ from karios.common.contracts.provision import JobProgress, QueueEntry, QueueQuer
 from karios.common.db import Database, claim_message
 from karios.common.errors import KariosError
 from karios.common.provisioning import TERMINAL_STATES
+from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import get_logger
 
 log = get_logger(__name__)
@@ -316,9 +316,6 @@ class ProvisionProjector:
         self._loop = asyncio.create_task(self._reconcile_loop(), name="gateway-job-reconcile")
 
     async def stop(self) -> None:
-        if self._loop is not None:
-            self._loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
+        await cancel_and_wait(self._loop)
         for consumer in self._consumers:
             await consumer.stop()

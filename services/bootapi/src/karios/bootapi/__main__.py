@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -30,9 +29,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _serve(_args: argparse.Namespace) -> int:
-    from karios.bootapi.listeners import serve
+    from karios.bootapi.listeners import run
 
-    asyncio.run(serve())
+    run()
     return 0
 
 

@@ -9,7 +9,6 @@ last good set stays in service.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from karios.bootapi.metrics import BootapiMetrics
 from karios.common.oscatalog import TemplateSet, TemplateSetError, load_template_set
+from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import get_logger
 
 log = get_logger(__name__)
@@ -142,8 +142,6 @@ class GitTemplateSync:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         shutil.rmtree(self.workdir, ignore_errors=True)

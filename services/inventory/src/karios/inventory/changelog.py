@@ -28,6 +28,7 @@ from karios.common.contracts.inventory import DeviceChanged
 from karios.common.db import Database
 from karios.common.errors import KariosError
 from karios.common.netaddr import mac_or_none
+from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import get_logger
 from karios.inventory.webhook import DEVICE_CHILDREN, EVERY_DEVICE
 
@@ -239,10 +240,7 @@ class ChangeLogFollower:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         if self.lock is not None:
             await self.lock.release()
         self._leader(False)

@@ -16,6 +16,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from karios.common.contracts.provision import Admission, AdmissionLimits, QueueEntry
+from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import get_logger
 from karios.provisioner.admission import Limits
 from karios.provisioner.statemachine import State
@@ -79,9 +80,7 @@ class Admitter:
 
     async def stop(self) -> None:
         if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
+            await cancel_and_wait(self.task)
             self.task = None
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from karios.common.db import Database
 from karios.common.errors import NotFound
 from karios.common.service import ServiceRuntime, build_app
 from karios.common.settings import KariosSettings
+from karios.common.tasks import cancel_and_wait
 from karios.provisioner import metrics
 from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.handlers import wire
@@ -70,12 +70,7 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
         rt.state["lease_task"] = asyncio.create_task(svc.lease_loop())
 
     async def on_stop(_rt: ServiceRuntime) -> None:
-        for name in ("stuck_task", "lease_task"):
-            task = rt.state.pop(name, None)
-            if task:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        await cancel_and_wait(*(rt.state.pop(name, None) for name in ("stuck_task", "lease_task")))
         await svc.stop()
 
     app = build_app(rt, title="Karios provisioner", on_start=on_start, on_stop=on_stop)

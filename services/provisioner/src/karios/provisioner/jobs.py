@@ -46,6 +46,7 @@ from karios.common.crypto import SecretBox
 from karios.common.db import Database
 from karios.common.errors import Conflict, KariosError, NotFound, PermanentFailure, ServiceUnavailable
 from karios.common.provisioning import refuse_second_job
+from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import current_traceparent, get_logger
 from karios.common.telemetry_http import trace_http_client
 from karios.common.telemetry_tracing import bmc_span_attributes, job_binding, job_span
@@ -387,11 +388,7 @@ class JobService:
         cancelled, and (graceful stop) our leases are handed back so another replica resumes
         the jobs at once instead of after the lease expires."""
         await self.admitter.stop()
-        pending = [t for t in self.tasks.values() if not t.done()]
-        for t in pending:
-            t.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*pending, return_exceptions=True)
+        await cancel_and_wait(*self.tasks.values(), grace=5.0)  # a job may end a BMC session
         waiting = [g for g in self.resetting.values() if not g.done()] + list(self.cleanups)
         if waiting:  # shielded: a reset already decided is sent, not cut in half
             await asyncio.wait(waiting, timeout=grace)

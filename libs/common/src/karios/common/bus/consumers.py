@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from karios.common.bus.envelope import Envelope, RawEnvelope
 from karios.common.bus.tracing import consumer_span, delivery_span
 from karios.common.contracts.base import Event
+from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import get_logger
 
 log = get_logger(__name__)
@@ -187,9 +188,7 @@ class PullConsumer(Generic[E]):
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self._sub is not None:
             with contextlib.suppress(Exception):

@@ -260,7 +260,19 @@ class Bus:
             ) from None
         except _UNAVAILABLE:
             raise ServiceUnavailable("the message bus is unavailable; try again shortly") from None
-        answer = Reply.model_validate_json(msg.body)
+        except nats.errors.Error as exc:
+            # Any other client-side failure of the bus (a connection closing or draining under
+            # the request, its reply subscription torn down): still "the bus is away", never a 500.
+            raise ServiceUnavailable(
+                f"the message bus is unavailable ({type(exc).__name__}); try again shortly"
+            ) from None
+        try:
+            answer = Reply.model_validate_json(msg.body)
+        except ValidationError:
+            # Something answered that is not a Karios responder (or one torn down mid-reply).
+            raise ServiceUnavailable(
+                f"an unreadable answer on {subject}", details={"outcome": "unknown"}
+            ) from None
         if not answer.ok:
             assert answer.error is not None
             raise error_from_dict(answer.error.model_dump())

@@ -8,7 +8,6 @@ it (the api-gateway); every other service reads the same numbers from the dashbo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import get_logger
 
 log = get_logger(__name__)
@@ -92,9 +92,7 @@ class BusStats(Collector):
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
+from sqlalchemy import event
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -61,6 +62,26 @@ _DRIVER_UNAVAILABLE = frozenset(
 )
 
 
+class DatabaseUnreachable(ConnectionError):
+    """Connecting failed with an OS error that is not a :class:`ConnectionError`.
+
+    asyncpg lets the socket's own error through: ``FileNotFoundError`` for a Unix socket that is
+    gone (PostgreSQL restarting), ``OSError`` for no route to the host, ``socket.gaierror`` for a
+    name that does not resolve. Any of those while *connecting* means the database is unreachable
+    (503), while the same class raised elsewhere is a bug (500): this names it where it is known.
+    """
+
+
+def _connect_or_unreachable(dialect, conn_rec, cargs, cparams):  # type: ignore[no-untyped-def]
+    """``do_connect`` hook: the driver's connect, with an OS error renamed :class:`DatabaseUnreachable`."""
+    try:
+        return dialect.connect(*cargs, **cparams)
+    except ConnectionError:
+        raise
+    except OSError as exc:  # the message is the OS's (no URL, no password)
+        raise DatabaseUnreachable(f"database unreachable: {exc.strerror or type(exc).__name__}") from exc
+
+
 class Database:
     def __init__(
         self,
@@ -84,6 +105,7 @@ class Database:
                 "server_settings": {"statement_timeout": str(int((command_timeout + 1) * 1000))},
             },
         )
+        event.listen(self.engine.sync_engine, "do_connect", _connect_or_unreachable)
         # expire_on_commit=False: attribute access after commit would otherwise need I/O.
         self.sessions = async_sessionmaker(self.engine, class_=AsyncSession, expire_on_commit=False)
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from karios.api_gateway.auth import Principal, Role, require
-from karios.api_gateway.readcache import read_cache
+from karios.api_gateway.readcache import node_key_of, nodes_page_key, read_cache
 from karios.common.contracts.nodes import (
     AdoptNode,
     ComputeNode,
@@ -131,7 +131,7 @@ async def list_nodes(
     # One inventory round trip serves every reader of this page for up to READ_TTL_S, encoded
     # once (api_gateway.readcache; a write through this gateway drops it at once).
     return await read_cache(request.app).response(
-        f"nodes:{offset}:{limit}",
+        nodes_page_key(offset, limit),
         lambda: bus.request(
             bus.subjects.query("inventory", "compute_nodes"),
             ComputeNodesQuery(offset=offset, limit=limit),
@@ -152,7 +152,7 @@ async def get_node(
     bus, ip = request.app.state.runtime.bus, _node_ip(node_ip)
     # Shared like the list (api_gateway.readcache); a 404 is never kept.
     return await read_cache(request.app).response(
-        f"node:{ip}",
+        node_key_of(ip),
         lambda: bus.request(
             bus.subjects.query("inventory", "compute_node"), ComputeNodeQuery(node_ip=ip), reply=ComputeNode
         ),

@@ -26,7 +26,7 @@ from karios.api_gateway.models import (
     UnprovisionBody,
 )
 from karios.api_gateway.outbox import CommandOutbox
-from karios.api_gateway.readcache import read_cache
+from karios.api_gateway.readcache import QUEUE_KEY, read_cache
 from karios.api_gateway.readmodel import (
     JobRow,
     ProgressOut,
@@ -233,7 +233,7 @@ async def progress_all(
 async def queue(request: Request, _p: Principal = Depends(require(Role.viewer))) -> Response:
     # One provisioner round trip serves every reader for up to READ_TTL_S, encoded once
     # (api_gateway.readcache; a write through this gateway drops it at once).
-    return await read_cache(request.app).response("queue", lambda: _queue(request.app.state.runtime.bus))
+    return await read_cache(request.app).response(QUEUE_KEY, lambda: _queue(request.app.state.runtime.bus))
 
 
 async def _queue(bus: Bus) -> dict:

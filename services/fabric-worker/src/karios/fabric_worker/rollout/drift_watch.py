@@ -14,7 +14,6 @@ Metrics (every replica, refreshed from the database each tick): ``karios_fabric_
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -31,6 +30,7 @@ from karios.common.contracts.fabric_rollout import (
     RolloutStatus,
 )
 from karios.common.errors import KariosError, NotFound
+from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import get_logger
 from karios.fabric_worker.models import NodeDriftRow
 from karios.fabric_worker.rollout.access import check_ip, intent_of
@@ -150,10 +150,7 @@ class DriftWatch:
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _loop(self) -> None:
         tick = max(0.2, min(self.interval / 4, 5.0))  # claims race on the row; ticks only poll it

@@ -31,6 +31,18 @@ done
 echo '{_MARK}end'
 """
 
+# The apply's discovery: the same facts plus, when bgpd runs, one `show bgp l2vpn evpn summary
+# json` (one line). A node with nothing to change is then verified from this very exec: a no-op
+# re-apply costs one SSH exec per node instead of two.
+EVPN_SUMMARY_COMMAND = "vtysh -c 'show bgp l2vpn evpn summary json'"
+APPLY_DISCOVER_SCRIPT = DISCOVER_SCRIPT.replace(
+    f"echo '{_MARK}end'\n",
+    f"echo '{_MARK}evpn'\n"
+    'p=$(cat /run/frr/bgpd.pid 2>/dev/null) && [ -n "$p" ] && kill -0 "$p" 2>/dev/null && '
+    f"{{ {EVPN_SUMMARY_COMMAND} 2>/dev/null | tr -d '\\n'; echo; }}\n"
+    f"echo '{_MARK}end'\n",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Interface:
@@ -132,6 +144,13 @@ def parse_facts(output: str) -> NodeFacts:
         frr_pids=pids,
         files=files,
     )
+
+
+def evpn_summary_of(output: str) -> str | None:
+    """The EVPN summary line of :data:`APPLY_DISCOVER_SCRIPT`'s output (None: bgpd was not
+    running or the output came from :data:`DISCOVER_SCRIPT`)."""
+    line = _sections(output).get("evpn", "").strip()
+    return line or None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from karios.common.contracts.fabric_rollout import FabricRolloutEvent
 from karios.common.errors import Conflict, NotFound
+from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry_tracing import job_span
 from karios.fabric_worker import metrics
 from karios.fabric_worker.rollout.facts import NodeFacts
@@ -356,11 +357,7 @@ class JobRegistry:
     async def halt(self) -> None:
         """Stop the in-flight apply where it stands, without rollback (worker shutdown): its
         baselines are persisted, so a peer (or this worker after a restart) rolls it back."""
-        task = self._task
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(self._task, grace=5.0)
 
     def current(self) -> JobSummary | None:
         if self._inflight is not None and self._inflight.running:

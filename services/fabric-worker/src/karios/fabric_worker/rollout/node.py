@@ -16,6 +16,7 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from karios.common.errors import KariosError
+from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry_tracing import job_span, step_span
 from karios.fabric_worker import metrics
 from karios.fabric_worker.rollout.errors import (
@@ -25,8 +26,10 @@ from karios.fabric_worker.rollout.errors import (
     RolloutCancelled,
 )
 from karios.fabric_worker.rollout.facts import (
+    APPLY_DISCOVER_SCRIPT,
     DISCOVER_SCRIPT,
     NodeFacts,
+    evpn_summary_of,
     find_underlay,
     parse_facts,
 )
@@ -35,6 +38,7 @@ from karios.fabric_worker.rollout.plan import (
     EVPN_SUMMARY_COMMAND,  # noqa: F401 (node_ops and drift_watch import it from here)
     FRR_FORCE_STOP,
     INSTALL_FRR_SCRIPT,
+    VERIFY_NO_SESSION,
     DesiredNetwork,
     FrrAction,
     FrrPlan,
@@ -44,6 +48,7 @@ from karios.fabric_worker.rollout.plan import (
     frr_rollback_plan,
     interrupt_step_script,
     network_commands,
+    no_session_verdict,
     overlay_mtu,
     parse_evpn_summary,
     step_command,
@@ -144,9 +149,7 @@ async def until_abort(work: Awaitable[T], abort: asyncio.Event | None, label: st
         stop.cancel()
     if task.done():
         return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, KariosError):
-        await task
+    await cancel_and_wait(task, grace=0.5)
     raise RolloutCancelled(f"{label}: rollout aborted")
 
 
@@ -188,10 +191,26 @@ class NodeRollout:
         return open_session(self.target, connect_timeout=self.options.connect_timeout, secrets=self._secrets)
 
     async def _discover(self, s: NodeSession) -> NodeFacts:
+        return (await self._load(s, DISCOVER_SCRIPT))[0]
+
+    async def _load(
+        self, s: NodeSession, script: str = APPLY_DISCOVER_SCRIPT
+    ) -> tuple[NodeFacts, str | None]:
+        """The node's facts and, with the apply's discovery, its EVPN summary (None: bgpd down)."""
+        out = (await s.run(script, limit_s=self.options.command_timeout)).stdout
         try:
-            return parse_facts((await s.run(DISCOVER_SCRIPT, limit_s=self.options.command_timeout)).stdout)
+            return parse_facts(out), evpn_summary_of(out)
         except ValueError as exc:
             raise FabricVerifyFailed(f"{self.target.label}: unexpected discovery output: {exc}") from None
+
+    def _verified_by(self, evpn_summary: str | None) -> bool:
+        """Whether an EVPN summary already shows what the verify waits for."""
+        if evpn_summary is None:
+            return False
+        peer = parse_evpn_summary(evpn_summary, self.intent.peer_ip)
+        metrics.evpn_seen(self.target.node_ip, peer)
+        expect_routes = bool(self.intent.vnis) and self.intent.advertise_all_vni
+        return verify_verdict(peer, self.intent.peer_ip, expect_routes) is None
 
     def _underlay(self, facts: NodeFacts) -> tuple[str, int]:
         if self.override is not None:
@@ -266,7 +285,7 @@ class NodeRollout:
     async def _apply_with(self, s: NodeSession, abort: asyncio.Event | None) -> None:
         r, opts = self.result, self.options
         with step_span(TRACER, "fabric.node.load"):
-            facts = await self._discover(s)
+            facts, evpn = await self._load(s)
         self.baseline = facts
         r.fqdn = r.fqdn or facts.hostname
         iface, mtu = self._underlay(facts)
@@ -277,7 +296,7 @@ class NodeRollout:
             r.touched = True
             install = step_command(INSTALL_FRR_SCRIPT, killable=False, fence=self._fence)
             await s.run(install, limit_s=opts.install_timeout)
-            facts = await self._discover(s)
+            facts, evpn = await self._load(s)
             r.steps.append("frr_installed")
         else:
             r.steps.append("frr_present")
@@ -292,6 +311,11 @@ class NodeRollout:
         if not plan.changed and not net:
             r.steps.append("unchanged")
             await self._emit("node_unchanged", "running config equals the rendered config")
+            if self._verified_by(evpn):
+                # Nothing changed since the discovery's own EVPN summary: that was the first poll.
+                await self._emit("node_verifying")
+                r.steps.append("verified")
+                return
         else:
             self._check_abort(abort)
             await self._keep_baseline()
@@ -319,10 +343,15 @@ class NodeRollout:
         expect_routes = bool(self.intent.vnis) and self.intent.advertise_all_vni
         verdict = "not checked"
         polls = math.ceil(opts.verify_timeout / opts.verify_interval) + 2
-        script = verify_loop_script(opts.verify_interval, polls)
+        script = verify_loop_script(opts.verify_interval, polls, self.intent.peer_ip)
         async with contextlib.aclosing(s.lines(script, limit_s=opts.command_timeout)) as lines:
             async for line in lines:
                 self._check_abort(abort)
+                if line == VERIFY_NO_SESSION:
+                    verdict = no_session_verdict(self.intent.peer_ip)
+                    if time.monotonic() >= deadline:
+                        break
+                    continue
                 peer = parse_evpn_summary(line, self.intent.peer_ip)
                 verdict = verify_verdict(peer, self.intent.peer_ip, expect_routes) or ""
                 metrics.evpn_seen(self.target.node_ip, peer)

@@ -28,6 +28,7 @@ from karios.common.crypto import SecretBox
 from karios.common.errors import ServiceUnavailable
 from karios.common.outbox import kill_after_commit_hook
 from karios.common.service import ServiceRuntime
+from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import get_logger
 from karios.fabric_worker.outbox import fabric_outbox
 from karios.fabric_worker.rollout.access import node_targets, private_key
@@ -132,9 +133,7 @@ class RolloutService:
                 continue
             if cancel is None:
                 log.error("fabric job lease lost; a peer took it over", job_id=job_id)
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+                await cancel_and_wait(task, grace=5.0)
                 return False
             if cancel and on_cancel is not None:
                 on_cancel()
@@ -176,10 +175,7 @@ class RolloutService:
         released so a peer (or this worker after a restart) recovers it at once; the command
         is nak'ed for redelivery."""
         self.stopping = True
-        if self._reaper is not None and not self._reaper.done():
-            self._reaper.cancel()
-            with contextlib.suppress(BaseException):
-                await self._reaper
+        await cancel_and_wait(self._reaper)
         await self.registry.halt()
         if self.teardown_task is not None and not self.teardown_task.done():
             self.teardown_task.cancel()
