@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from karios.common.contracts.provision import ProvisionSpec, StartProvision
 from tests.fixtures.apps import ADMIN
@@ -189,6 +189,54 @@ async def test_bmc_answering_500_fails_clearly_after_retries(stack, serve):
     assert "10.99.1.3" in failed["message"] and "failed after 2 tries" in failed["message"]
     assert "HTTP 500" in failed["message"] and "InternalError" in failed["message"]
     assert hits.count("GET /redfish/v1") == 2  # bmc_retries=1: two tries, then give up
+
+
+async def test_a_slow_bmc_is_waited_for_not_failed(stack, serve):
+    """A BMC that accepts the connection but answers its service root after the probe's timeout
+    is alive (a loaded iDRAC, a busy emulator): the job goes on under the full limits. A CI run of
+    the cluster test failed a job on "timeout after 5.0s" (2 tries) of its busy emulator."""
+    seen: list[float] = []
+    bmc = FastAPI()
+
+    @bmc.api_route("/{path:path}", methods=["GET", "POST", "PATCH", "DELETE"])
+    async def slow(path: str, request: Request) -> Response:
+        if request.method == "GET" and path.rstrip("/") == "redfish/v1":
+            t0 = time.monotonic()
+            await asyncio.sleep(2.0)  # the probe waits 1 s for a connection; the answer takes 2 s
+            seen.append(time.monotonic() - t0)
+        keep = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() in ("authorization", "x-auth-token", "content-type")
+        }
+        async with httpx.AsyncClient(base_url=stack.emu.url, timeout=30) as emu:
+            r = await emu.request(request.method, f"/{path}", content=await request.body(), headers=keep)
+        out = {
+            k: v for k, v in r.headers.items() if k.lower() in ("x-auth-token", "location", "content-type")
+        }
+        return Response(r.content, r.status_code, headers=out)
+
+    ip, probe_timeout = "10.99.1.3", stack.cfg.bmc_probe_timeout
+    url = (await serve(bmc)).url
+    stack.cfg.bmc_endpoints[ip] = {
+        "url": url,
+        "system_id": stack.emu.system_ids[4],
+        "username": stack.emu.username,
+        "password": stack.emu.password,
+    }
+    stack.cfg.bmc_probe_timeout = 1.0
+    try:
+        async with httpx.AsyncClient(base_url=stack.gw, timeout=30) as c:
+            r = await c.post("/controlnode/provision/dell", json=body(ip), headers=ADMIN)
+            assert r.status_code == 202, r.text
+            job = r.json()["job_id"]
+            got = await wait_job(c, job, {"booting", "failed"}, timeout=60)
+            assert got["job_status"] == "booting", got["message"]
+            await c.post(f"/controlnode/job/{job}/cancel", headers=ADMIN)
+            await wait_job(c, job, {"cancelled"})
+    finally:
+        stack.cfg.bmc_probe_timeout = probe_timeout
+    assert seen and min(seen) >= 2.0, seen  # the slow answers were waited for
 
 
 async def test_bad_requests_are_422_naming_the_field(stack):

@@ -1,7 +1,10 @@
 """The gateway's read model of provisioning: ``jobs`` and ``provision_progresses`` (schema ``gateway``).
 
 :class:`ProvisionProjector` is a durable pull consumer (``Bus.pull_events``) of ``evt.provision.>``;
-each event is applied in one transaction with ``claim_message`` so a redelivered event changes nothing.
+each event is applied in one transaction with ``claim_message`` so a redelivered event changes nothing,
+and a job keeps its newest state: events reach the projector out of order (gateway replicas pull
+batches side by side; an event held by a replica that died comes back after the ack wait), so the
+row records the stream sequence of the event it shows and an older one only adds to the history.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class JobRow(SQLModel, table=True):
     total_jobs: int = 1
     message: str = ""
     log_tail: list[str] | None = Field(default=None, sa_type=sa.JSON)  # installer's last log lines
+    event_seq: int = Field(default=0, sa_type=sa.BigInteger)  # stream sequence of the event shown
     created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
     updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
 
@@ -77,8 +81,12 @@ class ProvisionProgress(SQLModel, table=True):
     percent_complete: int = 0
     message: str = ""
     status: str = Field(max_length=32)
+    event_seq: int = Field(default=0, sa_type=sa.BigInteger)  # stream order (arrival order: id)
     created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
     updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+
+
+PROGRESS_ORDER = (ProvisionProgress.event_seq, ProvisionProgress.id)  # oldest first
 
 
 class JobOut(BaseModel):
@@ -151,12 +159,29 @@ def progress_json(row: ProvisionProgress) -> dict[str, Any]:
     ).model_dump()
 
 
-async def apply_progress(db: Database, message_id: str, ev: JobProgress) -> bool:
-    """Apply one event (False if it was applied before)."""
+async def apply_progress(db: Database, message_id: str, ev: JobProgress, seq: int = 0) -> bool:
+    """Apply one event read at stream sequence ``seq`` (False if it was applied before).
+
+    An event older than the one the job shows (``seq`` below the row's) is kept in the history
+    only: a redelivered "queued" must not take a booting job back.
+    """
     async with db.session() as s, s.begin():
         if not await claim_message(s, processed_messages, CONSUMER, message_id):
             return False
         job = await s.get(JobRow, ev.job_id, with_for_update=True)
+        progress = ProvisionProgress(
+            bmc_ip=ev.bmc_ip,
+            job_id=ev.job_id,
+            stage=ev.stage,
+            percent_complete=ev.percent,
+            message=ev.message,
+            status=ev.status,
+            event_seq=seq,
+        )
+        if job is not None and seq and seq < job.event_seq:
+            log.info("older event kept in the history only", job_id=job.id, state=ev.state, seq=seq)
+            s.add(progress)
+            return True
         if job is not None and job.job_status in TERMINAL_STATES and ev.state != job.job_status:
             # Terminal is final (the state machine has no way out): a late event of a job the
             # gateway already ended (dead-lettered, never reached a provisioner) changes nothing.
@@ -171,17 +196,9 @@ async def apply_progress(db: Database, message_id: str, ev: JobProgress) -> bool
             job.log_tail = list(ev.log_tail)
         job.node_ip = ev.node_ip or job.node_ip
         job.resource_name = ev.resource_name or job.resource_name
+        job.event_seq = max(job.event_seq, seq)
         job.updated_at = _now()
-        s.add(
-            ProvisionProgress(
-                bmc_ip=ev.bmc_ip,
-                job_id=ev.job_id,
-                stage=ev.stage,
-                percent_complete=ev.percent,
-                message=ev.message,
-                status=ev.status,
-            )
-        )
+        s.add(progress)
     return True
 
 
@@ -233,14 +250,15 @@ class ProvisionProjector:
         lost_after: float = LOST_AFTER_S,
         reconcile_every: float = RECONCILE_EVERY_S,
         waiting: Callable[[], Any] | None = None,
+        ack_wait: float = 30.0,
     ) -> None:
-        self.bus, self.db, self.waiting = bus, db, waiting
+        self.bus, self.db, self.waiting, self.ack_wait = bus, db, waiting, ack_wait
         self.lost_after, self.reconcile_every = lost_after, reconcile_every
         self._consumers: list[Any] = []
         self._loop: asyncio.Task[None] | None = None
 
     async def _apply(self, ev: JobProgress, env: Any) -> None:
-        await apply_progress(self.db, env.id, ev)
+        await apply_progress(self.db, env.id, ev, env.stream_seq)
 
     async def _dead_lettered(self, ev: CommandFailed, _env: Any) -> None:
         """A ``StartProvision`` given up on: its job fails with the bus's human reason."""
@@ -302,7 +320,11 @@ class ProvisionProjector:
     async def start(self) -> None:
         self._consumers.append(
             await self.bus.pull_events(
-                CONSUMER, self.bus.subjects.events_of("provision"), JobProgress, self._apply
+                CONSUMER,
+                self.bus.subjects.events_of("provision"),
+                JobProgress,
+                self._apply,
+                ack_wait=self.ack_wait,
             )
         )
         self._consumers.append(

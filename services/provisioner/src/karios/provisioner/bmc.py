@@ -71,13 +71,16 @@ class BmcAccessor:
         return hw.endpoint
 
     async def endpoint(self, cmd: StartProvision, *, probe: bool = False) -> BmcEndpoint:
-        """The BMC's endpoint; ``probe``: a short timeout and at most one retry (fail in seconds)."""
+        """The BMC's endpoint; ``probe``: reaching the BMC gets a short timeout and at most one
+        retry (an address with no BMC fails in seconds); a BMC that answers slowly is alive and
+        gets the full limits (a loaded BMC is not a failed job)."""
         ip = cmd.spec.bmc_ip
         over = self.cfg.bmc_endpoints.get(ip, {})
         user, password = await self.credentials(cmd)
         timeout, retries = self.cfg.bmc_timeout, self.cfg.bmc_retries
+        connect_timeout = connect_retries = None
         if probe:
-            timeout, retries = min(timeout, self.cfg.bmc_probe_timeout), min(retries, 1)
+            connect_timeout, connect_retries = min(timeout, self.cfg.bmc_probe_timeout), min(retries, 1)
         hint = BmcEndpointHint() if over.get("url") else await self.inventory_hint(ip)
         base_url = over.get("url") or hint.url(ip, self.cfg.bmc_scheme)
         return BmcEndpoint(
@@ -91,6 +94,8 @@ class BmcAccessor:
             system_id=over.get("system_id") or hint.system_id,
             timeout=timeout,
             retries=retries,
+            connect_timeout=connect_timeout,
+            connect_retries=connect_retries,
             backoff=self.cfg.bmc_backoff,
             power_deadline=self.cfg.power_deadline,
         )

@@ -119,7 +119,10 @@ class ProvisionerConfig(BaseSettings):
         "(default: <state dir>/provisioner/images)",
     )
     bmc_probe_timeout: float = Field(
-        5.0, gt=0, description="Seconds the BMC's Redfish service root has to answer before a build"
+        5.0,
+        gt=0,
+        description="Seconds the probe before a build waits for a connection to the BMC (one retry); "
+        "a BMC that accepts it and answers slowly gets bmc_timeout and bmc_retries",
     )
 
     @field_validator("bmc_endpoints")

@@ -120,8 +120,10 @@ class PullConsumer(Generic[E]):
 
     Events of other types on the subject are acked and skipped. A handler that raises gets the
     event again after ``retry_delay`` (read models must be idempotent: the projector claims the
-    envelope id in the same transaction). A malformed event is acked and logged: redelivering
-    it would never succeed.
+    envelope id in the same transaction). Replicas pull batches side by side and an event held by
+    a replica that died comes back after ``ack_wait``, so events arrive out of order: the
+    envelope's ``stream_seq`` lets a read model keep an entity's newest state. A malformed event
+    is acked and logged: redelivering it would never succeed.
     """
 
     js: Any
@@ -174,6 +176,7 @@ class PullConsumer(Generic[E]):
                 await msg.ack()
                 return
             env = Envelope[self.model].model_validate(raw.model_dump())  # type: ignore[name-defined]
+            env.stream_seq = int(msg.metadata.sequence.stream)
         except ValidationError as exc:
             log.warning("pull consumer dropped a malformed event", subject=msg.subject, error=str(exc)[:200])
             await msg.ack()

@@ -40,6 +40,9 @@ class Envelope(BaseModel, Generic[T]):
     traceparent: str | None = None
     datacontenttype: Literal["application/json"] = "application/json"
     data: T
+    # Where a consumer read it: the stream sequence (0: not read from a stream). Set on delivery,
+    # never sent: a read model orders one entity's events by it (a redelivery keeps its sequence).
+    stream_seq: int = Field(default=0, exclude=True)
 
     def headers(self) -> dict[str, str]:
         h = {HEADER_MSG_ID: self.id, HEADER_TYPE: self.type}

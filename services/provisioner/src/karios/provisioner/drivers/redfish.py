@@ -53,6 +53,10 @@ class BmcEndpoint:
     retries: int = 3
     backoff: float = 0.5
     power_deadline: float = 60.0
+    # A probe's limits for reaching the BMC at all (None: timeout and retries). A BMC that
+    # accepted the connection and answers slowly is alive: it gets the full limits.
+    connect_timeout: float | None = None
+    connect_retries: int | None = None
 
     def __repr__(self) -> str:  # keeps the password out of tracebacks and logs
         return f"BmcEndpoint(bmc_ip={self.bmc_ip!r}, base_url={self.base_url!r}, username={self.username!r})"
@@ -86,7 +90,7 @@ class RedfishDriver:
         self.client = httpx.AsyncClient(
             base_url=ep.base_url,
             verify=self.cert.ssl_context(),
-            timeout=ep.timeout,
+            timeout=httpx.Timeout(ep.timeout, connect=ep.connect_timeout or ep.timeout),
             transport=transport,
             follow_redirects=True,
             headers={"Accept": "application/json"},
@@ -105,6 +109,7 @@ class RedfishDriver:
     def relax(self, timeout: float, retries: int) -> None:
         """Switch a probe's short limits to the full ones (the same driver goes on to mount)."""
         self.ep.timeout, self.ep.retries = timeout, retries
+        self.ep.connect_timeout = self.ep.connect_retries = None
         self.client.timeout = httpx.Timeout(timeout)
 
     async def close(self) -> None:
@@ -174,11 +179,22 @@ class RedfishDriver:
         if not self._session_tried:
             await self._first_contact()
         uri = self._path(uri)
+        unreached = sent = 0
+
+        def transient(exc: Exception) -> bool:
+            nonlocal unreached
+            if not isinstance(exc, _TransientBMCError):
+                return False
+            if exc.unreached and self.ep.connect_retries is not None:
+                unreached += 1
+                return unreached <= self.ep.connect_retries
+            return True
+
         try:
             # Transient failures (timeouts, connection errors, 5xx, 429, 409 where the vendor
             # quirk says so) are retried with exponential backoff; a 4xx is final at once.
             async for attempt in stamina.retry_context(
-                on=_TransientBMCError,
+                on=transient,
                 attempts=self.ep.retries + 1,
                 timeout=None,
                 wait_initial=self.ep.backoff,
@@ -186,24 +202,28 @@ class RedfishDriver:
                 wait_jitter=0.0,
             ):
                 with attempt:
+                    sent += 1
                     return await self._request_once(method, uri, json)
         except _TransientBMCError as exc:
-            raise UpstreamError(
-                f"BMC {self.ep.bmc_ip} {method} {uri} failed after {self.ep.retries + 1} tries: {exc}"
-            ) from None
+            where = f"BMC {self.ep.bmc_ip} {method} {uri}"
+            raise UpstreamError(f"{where} failed after {sent} tries: {exc}") from None
         raise AssertionError("unreachable: stamina either returns or raises")
 
     async def _send(self, method: str, uri: str, json: Any) -> httpx.Response:
         self.calls.append((method, uri))
         try:
             return await self.client.request(method, uri, json=json)
+        except httpx.ConnectTimeout:
+            limit = self.ep.connect_timeout or self.ep.timeout
+            raise _TransientBMCError(f"no connection within {limit}s", unreached=True) from None
         except httpx.TimeoutException:
-            raise _TransientBMCError(f"timeout after {self.ep.timeout}s") from None
+            raise _TransientBMCError(f"no answer within {self.ep.timeout}s") from None
         except httpx.HTTPError as exc:
             refused = self.cert.error()  # a refused certificate is final, never retried
             if refused is not None:
                 raise refused from None
-            raise _TransientBMCError(type(exc).__name__) from None
+            unreached = isinstance(exc, httpx.ConnectError)
+            raise _TransientBMCError(type(exc).__name__, unreached=unreached) from None
 
     async def _request_once(self, method: str, uri: str, json: Any) -> dict[str, Any]:
         r = await self._send(method, uri, json)
@@ -464,7 +484,14 @@ class RedfishDriver:
 
 
 class _TransientBMCError(Exception):
-    """A BMC answer worth retrying (never leaves this module: becomes UpstreamError)."""
+    """A BMC answer worth retrying (never leaves this module: becomes UpstreamError).
+
+    ``unreached``: no connection was made (a probe gives up on those sooner).
+    """
+
+    def __init__(self, message: str, *, unreached: bool = False) -> None:
+        super().__init__(message)
+        self.unreached = unreached
 
 
 class _ClientError(KariosError):
