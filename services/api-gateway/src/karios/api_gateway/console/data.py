@@ -74,9 +74,7 @@ async def progresses(request: Request, job_id: str) -> list[dict[str, Any]]:
     async with _rt(request).db.session() as s:
         rows = (
             await s.exec(
-                select(ProvisionProgress)
-                .where(ProvisionProgress.job_id == job_id)
-                .order_by(*PROGRESS_ORDER)
+                select(ProvisionProgress).where(ProvisionProgress.job_id == job_id).order_by(*PROGRESS_ORDER)
             )
         ).all()
     return [progress_json(r) for r in rows]
