@@ -4,7 +4,8 @@
 each event is applied in one transaction with ``claim_message`` so a redelivered event changes nothing,
 and a job keeps its newest state: events reach the projector out of order (gateway replicas pull
 batches side by side; an event held by a replica that died comes back after the ack wait), so the
-row records the stream sequence of the event it shows and an older one only adds to the history.
+row records the stream sequence and the sending time of the event it shows, and an older event is
+dropped (it was superseded: the history, in arrival order, keeps what was shown).
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ class JobRow(SQLModel, table=True):
     total_jobs: int = 1
     message: str = ""
     log_tail: list[str] | None = Field(default=None, sa_type=sa.JSON)  # installer's last log lines
-    event_seq: int = Field(default=0, sa_type=sa.BigInteger)  # stream sequence of the event shown
+    # The event shown: its stream sequence and its sender's time (see :func:`superseded`).
+    event_seq: int = Field(default=0, sa_type=sa.BigInteger)
+    event_time: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
     created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
     updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
 
@@ -81,12 +84,8 @@ class ProvisionProgress(SQLModel, table=True):
     percent_complete: int = 0
     message: str = ""
     status: str = Field(max_length=32)
-    event_seq: int = Field(default=0, sa_type=sa.BigInteger)  # stream order (arrival order: id)
     created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
     updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
-
-
-PROGRESS_ORDER = (ProvisionProgress.event_seq, ProvisionProgress.id)  # oldest first
 
 
 class JobOut(BaseModel):
@@ -159,29 +158,30 @@ def progress_json(row: ProvisionProgress) -> dict[str, Any]:
     ).model_dump()
 
 
-async def apply_progress(db: Database, message_id: str, ev: JobProgress, seq: int = 0) -> bool:
-    """Apply one event read at stream sequence ``seq`` (False if it was applied before).
+def superseded(job: JobRow, seq: int, sent: datetime | None) -> bool:
+    """The job shows an event newer than the one read at stream sequence ``seq``, sent at ``sent``.
 
-    An event older than the one the job shows (``seq`` below the row's) is kept in the history
-    only: a redelivered "queued" must not take a booting job back.
+    The stream's order decides; the sending time only tells a stream that was recreated (its
+    sequence restarted: every new event has a lower one, and a later time) from a redelivery
+    (lower sequence, earlier time — one job's events are sent one after another).
     """
+    if not seq or seq >= job.event_seq:
+        return False
+    return sent is None or job.event_time is None or sent <= job.event_time
+
+
+async def apply_progress(
+    db: Database, message_id: str, ev: JobProgress, seq: int = 0, sent: datetime | None = None
+) -> bool:
+    """Apply one event read at stream sequence ``seq`` (0: unknown), sent at ``sent`` (False if it
+    was applied before or superseded: a redelivered "queued" must not take a booting job back)."""
     async with db.session() as s, s.begin():
         if not await claim_message(s, processed_messages, CONSUMER, message_id):
             return False
         job = await s.get(JobRow, ev.job_id, with_for_update=True)
-        progress = ProvisionProgress(
-            bmc_ip=ev.bmc_ip,
-            job_id=ev.job_id,
-            stage=ev.stage,
-            percent_complete=ev.percent,
-            message=ev.message,
-            status=ev.status,
-            event_seq=seq,
-        )
-        if job is not None and seq and seq < job.event_seq:
-            log.info("older event kept in the history only", job_id=job.id, state=ev.state, seq=seq)
-            s.add(progress)
-            return True
+        if job is not None and superseded(job, seq, sent):
+            log.info("superseded event dropped", job_id=job.id, state=ev.state, seq=seq, shown=job.event_seq)
+            return False
         if job is not None and job.job_status in TERMINAL_STATES and ev.state != job.job_status:
             # Terminal is final (the state machine has no way out): a late event of a job the
             # gateway already ended (dead-lettered, never reached a provisioner) changes nothing.
@@ -196,9 +196,19 @@ async def apply_progress(db: Database, message_id: str, ev: JobProgress, seq: in
             job.log_tail = list(ev.log_tail)
         job.node_ip = ev.node_ip or job.node_ip
         job.resource_name = ev.resource_name or job.resource_name
-        job.event_seq = max(job.event_seq, seq)
+        if seq:
+            job.event_seq, job.event_time = seq, sent
         job.updated_at = _now()
-        s.add(progress)
+        s.add(
+            ProvisionProgress(
+                bmc_ip=ev.bmc_ip,
+                job_id=ev.job_id,
+                stage=ev.stage,
+                percent_complete=ev.percent,
+                message=ev.message,
+                status=ev.status,
+            )
+        )
     return True
 
 
@@ -258,7 +268,7 @@ class ProvisionProjector:
         self._loop: asyncio.Task[None] | None = None
 
     async def _apply(self, ev: JobProgress, env: Any) -> None:
-        await apply_progress(self.db, env.id, ev, env.stream_seq)
+        await apply_progress(self.db, env.id, ev, env.stream_seq, env.time)
 
     async def _dead_lettered(self, ev: CommandFailed, _env: Any) -> None:
         """A ``StartProvision`` given up on: its job fails with the bus's human reason."""

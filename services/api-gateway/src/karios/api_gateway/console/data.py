@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from sqlmodel import col, select
 
-from karios.api_gateway.readmodel import PROGRESS_ORDER, JobRow, ProvisionProgress, job_json, progress_json
+from karios.api_gateway.readmodel import JobRow, ProvisionProgress, job_json, progress_json
 from karios.common.contracts.fabric import FabricConfigQuery, FabricConfigView
 from karios.common.contracts.fabric_diff import FabricDiffQuery, FabricDiffView
 from karios.common.contracts.fabric_rollout import (
@@ -74,7 +74,9 @@ async def progresses(request: Request, job_id: str) -> list[dict[str, Any]]:
     async with _rt(request).db.session() as s:
         rows = (
             await s.exec(
-                select(ProvisionProgress).where(ProvisionProgress.job_id == job_id).order_by(*PROGRESS_ORDER)
+                select(ProvisionProgress)
+                .where(ProvisionProgress.job_id == job_id)
+                .order_by(col(ProvisionProgress.id))
             )
         ).all()
     return [progress_json(r) for r in rows]

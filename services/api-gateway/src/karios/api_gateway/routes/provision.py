@@ -28,7 +28,6 @@ from karios.api_gateway.models import (
 from karios.api_gateway.outbox import CommandOutbox
 from karios.api_gateway.readcache import QUEUE_KEY, read_cache
 from karios.api_gateway.readmodel import (
-    PROGRESS_ORDER,
     JobRow,
     ProgressOut,
     ProvisionProgress,
@@ -201,7 +200,7 @@ async def progress(body: BmcIpBody, request: Request, _p: Principal = Depends(re
             await s.exec(
                 select(ProvisionProgress)
                 .where(ProvisionProgress.bmc_ip == str(body.bmc_ip))
-                .order_by(*(c.desc() for c in PROGRESS_ORDER))
+                .order_by(ProvisionProgress.id.desc())
             )
         ).first()
     if row is None:
@@ -222,7 +221,7 @@ async def progress_all(
             await s.exec(
                 select(ProvisionProgress)
                 .where(ProvisionProgress.bmc_ip == str(body.bmc_ip))
-                .order_by(*PROGRESS_ORDER)
+                .order_by(ProvisionProgress.id)
             )
         ).all()
     return [progress_json(r) for r in rows]

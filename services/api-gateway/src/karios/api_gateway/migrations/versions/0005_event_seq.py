@@ -1,7 +1,7 @@
-"""job read model: the stream sequence of the event a job shows, and of each history record
+"""job read model: which event a job shows (its stream sequence and its sender's time)
 
 Events reach the projector out of order (replicas pull side by side; a dead replica's events come
-back after the ack wait): a job keeps the newest, the history is ordered by the stream.
+back after the ack wait): a job keeps the newest (``readmodel.superseded``).
 
 Revision ID: 0005
 Revises: 0004
@@ -18,12 +18,10 @@ S = "gateway"
 
 
 def upgrade() -> None:
-    for table in ("jobs", "provision_progresses"):
-        op.add_column(
-            table, sa.Column("event_seq", sa.BigInteger(), nullable=False, server_default="0"), schema=S
-        )
+    op.add_column("jobs", sa.Column("event_seq", sa.BigInteger(), nullable=False, server_default="0"), schema=S)
+    op.add_column("jobs", sa.Column("event_time", sa.DateTime(timezone=True), nullable=True), schema=S)
 
 
 def downgrade() -> None:
-    for table in ("jobs", "provision_progresses"):
-        op.drop_column(table, "event_seq", schema=S)
+    op.drop_column("jobs", "event_time", schema=S)
+    op.drop_column("jobs", "event_seq", schema=S)
