@@ -238,17 +238,28 @@ async def test_one_session_per_job_and_a_new_login_when_the_bmc_forgot_it():
     """The probe's session goes on to the mount; a BMC that ended it (idle timeout, BMC restart)
     answers 401 once, the driver logs in again and the job goes on; the session is closed at the end."""
     bmc = FakeBmc("dell/idrac9-6.00.30.00_poweredge-r750", sessions=True)
-    ep = BmcEndpoint(bmc_ip="10.0.0.5", base_url="https://x", username="admin", password="pw-s3cret")
+    ep = BmcEndpoint(
+        bmc_ip="10.0.0.5",
+        base_url="https://x",
+        username="admin",
+        password="pw-s3cret",
+        timeout=30.0,
+        retries=3,
+        connect_timeout=5.0,  # the probe's limits for reaching the BMC
+        connect_retries=1,
+    )
     drv = driver_for("dell")(ep, transport=bmc.transport())
     await drv.system_uri()  # the probe
+    assert drv.client.timeout.connect == 5.0 and drv.client.timeout.read == 30.0
     bmc.end_sessions()  # e.g. the medium took long to build
-    drv.relax(30.0, 3)
+    drv.relax()
     async with drv:
         await drv.mount(IMAGE)
         await drv.set_boot_cd_once()
         await drv.reset_into_media()
     assert bmc.logins == 2 and not bmc.tokens  # re-login once; the session deleted at close
     assert drv.client.timeout.read == 30.0 and drv.ep.retries == 3
+    assert drv.client.timeout.connect == 30.0 and drv.ep.connect_retries is None
     # A BMC that forgets every session at once: one new login, then a clear failure (no loop).
     forgets = FakeBmc("dell/idrac9-6.00.30.00_poweredge-r750", sessions=True)
     drv = driver_for("dell")(ep, transport=forgets.transport())

@@ -133,7 +133,7 @@ async def mount_and_reset(
                 await svc.check(at.job_id)
             if probed is not None:
                 drv, probed = probed, None
-                drv.relax(svc.cfg.bmc_timeout, svc.cfg.bmc_retries)
+                drv.relax()
             else:
                 drv = await svc.driver(cmd)
             return await _mount_and_reset(svc, at, drv)

@@ -106,11 +106,10 @@ class RedfishDriver:
         self._system: dict[str, Any] | None = None
         self._fresh_system: dict[str, Any] | None = None  # read after our last write to it
 
-    def relax(self, timeout: float, retries: int) -> None:
-        """Switch a probe's short limits to the full ones (the same driver goes on to mount)."""
-        self.ep.timeout, self.ep.retries = timeout, retries
+    def relax(self) -> None:
+        """Drop a probe's short limits for reaching the BMC (the same driver goes on to mount)."""
         self.ep.connect_timeout = self.ep.connect_retries = None
-        self.client.timeout = httpx.Timeout(timeout)
+        self.client.timeout = httpx.Timeout(self.ep.timeout)
 
     async def close(self) -> None:
         if "X-Auth-Token" in self.client.headers and self._session_uri:
