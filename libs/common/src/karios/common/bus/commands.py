@@ -8,31 +8,42 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from faststream.nats import NatsMessage
 from nats.js.api import PubAck
 from opentelemetry import trace
 from pydantic import ValidationError
 
-from karios.common.bus.deadletter import dead_letter
+from karios.common.bus.deadletter import DeadLetterBus, dead_letter
 from karios.common.bus.envelope import Envelope, RawEnvelope
 from karios.common.bus.tracing import consumer_span
 from karios.common.contracts.base import Command, Event
 from karios.common.errors import Disposition, PermanentFailure, bus_disposition, describe_for_log
 from karios.common.telemetry import get_logger
 
-if TYPE_CHECKING:
-    from karios.common.bus.runtime import Bus
-
 log = get_logger(__name__)
+
+
+class CommandBus(DeadLetterBus, Protocol):
+    """The bus a command arrives on, as handling needs it: a dead letter's needs plus the retry
+    limits. Typed here so :mod:`karios.common.bus.runtime` (whose ``Bus`` is one) sits above."""
+
+    @property
+    def service(self) -> str: ...
+
+    @property
+    def max_deliver(self) -> int: ...
+
+    @property
+    def retry_delay(self) -> float: ...
 
 
 @dataclass
 class HandlerContext:
     """What a command handler gets beside its payload."""
 
-    bus: Bus
+    bus: CommandBus  # the Bus that delivered the command
     envelope: Envelope[Any]
     message: NatsMessage
     deliveries: int
@@ -48,7 +59,9 @@ class HandlerContext:
 CommandHandler = Callable[[Any, HandlerContext], Awaitable[None]]
 
 
-async def consume_command(bus: Bus, msg: NatsMessage, model: type[Command], handler: CommandHandler) -> None:
+async def consume_command(
+    bus: CommandBus, msg: NatsMessage, model: type[Command], handler: CommandHandler
+) -> None:
     """One delivery of a command: the handler's outcome decides ack, retry later, or dead letter."""
     raw = msg.raw_message
     deliveries = int(getattr(raw.metadata, "num_delivered", 1) or 1)

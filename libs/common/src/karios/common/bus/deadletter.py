@@ -10,15 +10,15 @@ class names) goes to the log, redacted, never into the event or the DLQ headers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+from nats.js.api import PubAck
 
 from karios.common.bus.envelope import Envelope
+from karios.common.bus.subjects import Subjects
 from karios.common.contracts.base import Event
 from karios.common.errors import describe_for_log, public_error
 from karios.common.telemetry import get_logger
-
-if TYPE_CHECKING:
-    from karios.common.bus.runtime import Bus
 
 log = get_logger(__name__)
 
@@ -40,8 +40,23 @@ class CommandFailed(Event):
     deliveries: int
 
 
+class DeadLetterBus(Protocol):
+    """What a dead letter needs of the bus; :class:`karios.common.bus.runtime.Bus` is one (the
+    runtime imports this module, never the other way round)."""
+
+    @property
+    def subjects(self) -> Subjects: ...
+
+    @property
+    def js(self) -> Any: ...
+
+    async def publish_event(
+        self, event: Event, subject: str, *, cause: Envelope[Any] | None = None, entity: str = ""
+    ) -> PubAck: ...
+
+
 async def dead_letter(
-    bus: Bus, raw: Any, env: Envelope[Any] | None, err: BaseException | None, deliveries: int
+    bus: DeadLetterBus, raw: Any, env: Envelope[Any] | None, err: BaseException | None, deliveries: int
 ) -> None:
     """Copy ``raw`` to the DLQ subject with the reason, then emit :class:`CommandFailed`."""
     public = public_error(err if err is not None else RuntimeError("no outcome"))
