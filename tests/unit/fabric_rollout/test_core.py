@@ -22,15 +22,11 @@ from karios.fabric_worker.rollout.intent import (
 from karios.fabric_worker.rollout.plan import (
     DesiredNetwork,
     FrrAction,
-    StepStatus,
     baseline_network,
     frr_plan,
     frr_rollback_plan,
     network_commands,
     overlay_mtu,
-    parse_evpn_summary,
-    postdeploy_checklist,
-    verify_verdict,
     write_file_command,
 )
 from karios.fabric_worker.rollout.preflight import resolve_node, summarize
@@ -43,6 +39,12 @@ from karios.fabric_worker.rollout.summary import (
     RolloutStatus,
     finalize,
     record_node,
+)
+from karios.fabric_worker.rollout.verify import (
+    StepStatus,
+    parse_evpn_summary,
+    postdeploy_checklist,
+    verify_verdict,
 )
 from tests.unit.fabric_rollout.lab import lab_intent
 

@@ -16,7 +16,9 @@ from karios.fabric_worker.rollout.facts import parse_facts
 from karios.fabric_worker.rollout.intent import NodeTarget
 from karios.fabric_worker.rollout.jobs import ApplyJob, RolloutEvent
 from karios.fabric_worker.rollout.node import NodeEvent, NodeResult
-from karios.fabric_worker.rollout.plan import (
+from karios.fabric_worker.rollout.preflight import PreflightNode, resolve_node, summarize
+from karios.fabric_worker.rollout.render import NodeRenderInput, frr_log_path, render_node_files
+from karios.fabric_worker.rollout.steps import (
     FENCED_EXIT,
     INTERRUPT_STEP_SCRIPT,
     STEP_DIR,
@@ -25,8 +27,6 @@ from karios.fabric_worker.rollout.plan import (
     interrupt_step_script,
     step_command,
 )
-from karios.fabric_worker.rollout.preflight import PreflightNode, resolve_node, summarize
-from karios.fabric_worker.rollout.render import NodeRenderInput, frr_log_path, render_node_files
 from karios.fabric_worker.settings import FabricWorkerSettings
 from tests.unit.fabric_rollout.lab import lab_intent
 

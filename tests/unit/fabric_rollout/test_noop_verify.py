@@ -22,9 +22,9 @@ from karios.fabric_worker.rollout.facts import (
 )
 from karios.fabric_worker.rollout.intent import NodeTarget
 from karios.fabric_worker.rollout.node import NodeRollout, RolloutOptions
-from karios.fabric_worker.rollout.plan import VERIFY_NO_SESSION
 from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_files
 from karios.fabric_worker.rollout.ssh import CommandResult
+from karios.fabric_worker.rollout.verify import VERIFY_NO_SESSION
 from tests.unit.fabric_rollout.lab import lab_intent
 
 FIX = Path(__file__).parent / "fixtures"

@@ -19,16 +19,13 @@ import pytest
 
 from karios.fabric_worker.rollout import ssh
 from karios.fabric_worker.rollout.errors import NodeUnreachable
-from karios.fabric_worker.rollout.facts import FRRINIT
+from karios.fabric_worker.rollout.facts import EVPN_SUMMARY_COMMAND, FRRINIT
 from karios.fabric_worker.rollout.intent import NodeTarget
 from karios.fabric_worker.rollout.node import RolloutOptions
-from karios.fabric_worker.rollout.plan import (
+from karios.fabric_worker.rollout.plan import FrrAction, FrrPlan, commit_script
+from karios.fabric_worker.rollout.verify import (
     BGP_PORT,
-    EVPN_SUMMARY_COMMAND,
     VERIFY_NO_SESSION,
-    FrrAction,
-    FrrPlan,
-    commit_script,
     parse_evpn_summary,
     proc_net_tcp_addr,
     verify_loop_script,

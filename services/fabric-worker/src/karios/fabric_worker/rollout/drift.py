@@ -15,14 +15,9 @@ import json
 from karios.common.contracts.fabric_rollout import DriftFinding
 from karios.fabric_worker.rollout.facts import NodeFacts, find_underlay
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride
-from karios.fabric_worker.rollout.plan import (
-    DesiredNetwork,
-    StepStatus,
-    network_commands,
-    overlay_mtu,
-    postdeploy_checklist,
-)
+from karios.fabric_worker.rollout.plan import DesiredNetwork, network_commands, overlay_mtu
 from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_files
+from karios.fabric_worker.rollout.verify import StepStatus, postdeploy_checklist
 
 _VNI_MARK = "@@karios:vni:"
 

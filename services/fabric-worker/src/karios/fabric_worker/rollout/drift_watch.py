@@ -42,9 +42,9 @@ from karios.fabric_worker.rollout.drift import (
     remote_vteps_command,
     unreachable,
 )
-from karios.fabric_worker.rollout.facts import DISCOVER_SCRIPT, parse_facts
+from karios.fabric_worker.rollout.facts import DISCOVER_SCRIPT, EVPN_SUMMARY_COMMAND, parse_facts
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, NodeTarget
-from karios.fabric_worker.rollout.node import EVPN_SUMMARY_COMMAND, RolloutOptions
+from karios.fabric_worker.rollout.node import RolloutOptions
 from karios.fabric_worker.rollout.service import RolloutService
 from karios.fabric_worker.rollout.ssh import open_session, redact
 

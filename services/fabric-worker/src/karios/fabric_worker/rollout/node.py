@@ -35,10 +35,6 @@ from karios.fabric_worker.rollout.facts import (
 )
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, NodeTarget
 from karios.fabric_worker.rollout.plan import (
-    EVPN_SUMMARY_COMMAND,  # noqa: F401 (node_ops and drift_watch import it from here)
-    FRR_FORCE_STOP,
-    INSTALL_FRR_SCRIPT,
-    VERIFY_NO_SESSION,
     DesiredNetwork,
     FrrAction,
     FrrPlan,
@@ -46,17 +42,24 @@ from karios.fabric_worker.rollout.plan import (
     commit_script,
     frr_plan,
     frr_rollback_plan,
-    interrupt_step_script,
     network_commands,
-    no_session_verdict,
     overlay_mtu,
-    parse_evpn_summary,
-    step_command,
-    verify_loop_script,
-    verify_verdict,
 )
 from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_files
 from karios.fabric_worker.rollout.ssh import NodeSession, open_session, redact
+from karios.fabric_worker.rollout.steps import (
+    FRR_FORCE_STOP,
+    INSTALL_FRR_SCRIPT,
+    interrupt_step_script,
+    step_command,
+)
+from karios.fabric_worker.rollout.verify import (
+    VERIFY_NO_SESSION,
+    no_session_verdict,
+    parse_evpn_summary,
+    verify_loop_script,
+    verify_verdict,
+)
 
 T = TypeVar("T")
 TRACER = "karios.fabric-worker"

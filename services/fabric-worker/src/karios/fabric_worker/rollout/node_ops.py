@@ -6,20 +6,24 @@ from pydantic import BaseModel
 
 from karios.common.errors import KariosError
 from karios.fabric_worker.rollout.errors import HostKeyChanged, NodeUnreachable
-from karios.fabric_worker.rollout.facts import DISCOVER_SCRIPT, MANAGED_FILES, find_underlay, parse_facts
+from karios.fabric_worker.rollout.facts import (
+    DISCOVER_SCRIPT,
+    EVPN_SUMMARY_COMMAND,
+    MANAGED_FILES,
+    find_underlay,
+    parse_facts,
+)
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeTarget
-from karios.fabric_worker.rollout.node import EVPN_SUMMARY_COMMAND, RolloutOptions
+from karios.fabric_worker.rollout.node import RolloutOptions
 from karios.fabric_worker.rollout.plan import (
-    ChecklistStep,
     DesiredNetwork,
     FrrAction,
-    StepStatus,
     frr_action_command,
     network_commands,
-    postdeploy_checklist,
     write_file_command,
 )
 from karios.fabric_worker.rollout.ssh import open_session, redact
+from karios.fabric_worker.rollout.verify import ChecklistStep, StepStatus, postdeploy_checklist
 
 # -- teardown ------------------------------------------------------------------------------
 
