@@ -7,8 +7,8 @@ import stat
 import pytest
 
 from karios.cli.client.api import CliError
-from karios.cli.client.commands import body_from
 from karios.cli.client.context import ClientContext, load_context, save_context
+from karios.cli.client.shared import body_from
 from karios.cli.client.sse import parse_lines
 from karios.cli.client.watch import JobLine, reached
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from karios.cli.entry import READY_PORTS, _ready_args
+from karios.cli.entry import _ready_args
+from karios.cli.readiness import READY_PORTS
 from karios.cli.services import SERVICES
 from karios.common.settings import KariosSettings
 

@@ -5,25 +5,15 @@ replica. Through the full CLI (Typer, the client verbs, pydantic settings) one c
 of CPU — ten replicas checked every 5 s took most of a 2-core machine (measured on the compose
 topology, docs/operations.md). Here it answers with the standard library alone (~0.03 s), with
 the same output and exit status; every other verb, ``--help`` and any option this parser does not
-know load the full CLI (:mod:`karios.cli.main`).
+know load the full CLI (:mod:`karios.cli.main`). The readiness check itself is
+:mod:`karios.cli.readiness`; nothing below imports this module back.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import urllib.error
-import urllib.request
 
-#: The port setting of each service and its default (``KariosSettings``; a unit test keeps them
-#: equal). The environment overrides it as for the service itself: ``KARIOS_<SETTING>``.
-READY_PORTS: dict[str, tuple[str, int]] = {
-    "api-gateway": ("gateway_port", 8080),
-    "bootapi": ("bootapi_port", 8081),
-    "provisioner": ("provisioner_port", 8082),
-    "inventory": ("inventory_port", 8083),
-    "fabric-worker": ("fabric_worker_port", 8084),
-}
+from karios.cli.readiness import READY_PORTS, ready
 
 
 def _ready_args(argv: list[str]) -> tuple[str, float] | None:
@@ -42,32 +32,6 @@ def _ready_args(argv: list[str]) -> tuple[str, float] | None:
         if not timeout > 0:
             return None
     return argv[1], timeout
-
-
-def ready(service: str, timeout: float) -> int:
-    """Exit status 0 if ``service`` on this host answers 200 on /readyz (prints its answer)."""
-    setting, default = READY_PORTS[service]
-    raw = os.environ.get(f"KARIOS_{setting.upper()}", "")
-    try:
-        port = int(raw) if raw.strip() else default
-    except ValueError:
-        print(f"{service}: not ready (KARIOS_{setting.upper()} is not a port number)")
-        return 1
-    ok, body = probe(f"http://127.0.0.1:{port}/readyz", timeout)
-    print(f"{service}: {'ready' if ok else 'not ready'} {body}")
-    return 0 if ok else 1
-
-
-def probe(url: str, timeout: float) -> tuple[bool, str]:
-    """Whether a readiness URL answers 200 now, and what it said (no answer: not ready).
-    Also ``karios up``'s start-up and supervisor check (:func:`karios.cli.supervisor.is_ready`)."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (our own 127.0.0.1 URL)
-            return r.status == 200, r.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return False, exc.read().decode(errors="replace")
-    except OSError as exc:
-        return False, f"no answer: {exc}"
 
 
 def main(argv: list[str] | None = None) -> int:

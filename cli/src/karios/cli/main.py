@@ -15,9 +15,11 @@ from typing import Annotated
 
 import typer
 
-from karios.cli import demo as demo_verb
 from karios.cli.client import commands
 from karios.cli.client.api import CliError
+from karios.cli.client.fabric_cmds import fabric_app
+from karios.cli.client.shared import STATE
+from karios.cli.demo.command import demo
 from karios.cli.services import SERVICES
 
 app = typer.Typer(
@@ -41,7 +43,7 @@ def root(
         Output.table
     ),
 ) -> None:
-    commands.STATE["output"] = output.value
+    STATE["output"] = output.value
 
 
 @app.command()
@@ -138,7 +140,7 @@ def ready(
     timeout: Annotated[float, typer.Option(help="seconds")] = 2.0,
 ) -> None:
     """Exit 0 if a service on this host is ready (/readyz answers 200; container health checks)."""
-    from karios.cli.entry import ready as check
+    from karios.cli.readiness import ready as check
 
     raise typer.Exit(check(service.value, timeout))
 
@@ -169,8 +171,18 @@ def config_doc() -> None:
     print(render(), end="")
 
 
-commands.register(app)
-app.command("demo")(demo_verb.demo)
+# The verbs of the sub-modules, registered here (in this order: --help lists them so); none of
+# them imports this module back.
+app.command()(commands.login)
+app.add_typer(commands.nodes_app, name="nodes")
+app.command()(commands.provision)
+app.command()(commands.unprovision)
+app.command()(commands.jobs)
+app.command()(commands.events)
+app.add_typer(commands.job_app, name="job")
+app.add_typer(fabric_app, name="fabric")
+app.add_typer(commands.token_app, name="token")
+app.command("demo")(demo)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from karios.cli.entry import probe
+from karios.cli.readiness import probe
 
 
 @dataclass

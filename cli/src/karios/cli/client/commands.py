@@ -12,63 +12,17 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
-from rich.console import Console
 from rich.table import Table
 
 from karios.cli.client.api import Api, CliError
-from karios.cli.client.context import ClientContext, load_context, save_context
+from karios.cli.client.context import ClientContext, save_context
+from karios.cli.client.shared import STATE, Watch, api, console, emit, table
 from karios.cli.client.sse import stream
 from karios.cli.client.watch import watch_jobs
-
-console = Console(highlight=False)
-STATE: dict[str, Any] = {"output": "table"}
 
 token_app = typer.Typer(help="API tokens (create, list, revoke) through the gateway; needs fabric_admin")
 job_app = typer.Typer(help="one job: show or cancel")
 nodes_app = typer.Typer(help="compute nodes: list, adopt, show, remove")
-
-
-def api() -> Api:
-    return Api(load_context())
-
-
-def emit(data: Any, table: Table | None = None) -> None:
-    if STATE["output"] == "json" or table is None:
-        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-    else:
-        console.print(table)
-
-
-def table(title: str, rows: list[dict[str, Any]], cols: list[str]) -> Table:
-    t = Table(title=title)
-    for c in cols:
-        t.add_column(c)
-    for r in rows:
-        t.add_row(*[str(r.get(c, "")) for c in cols])
-    return t
-
-
-def body_from(file: Path | None, pairs: list[str]) -> dict[str, Any]:
-    """A request body from a JSON/YAML file and/or ``key=value`` pairs (values parsed as YAML)."""
-    body: dict[str, Any] = {}
-    if file is not None:
-        try:
-            loaded = yaml.safe_load(file.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise CliError(f"cannot read {file}: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise CliError(f"{file}: expected a mapping of fields")
-        body.update(loaded)
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise CliError(f"{pair!r}: expected key=value")
-        body[key] = yaml.safe_load(value) if value else ""
-    return body
-
-
-Watch = Annotated[bool, typer.Option("--watch", "-w", help="follow live progress until the end")]
 
 
 def login(
@@ -271,17 +225,3 @@ def events(
         for ev in stream(a, channel, last_event_id=since):
             sys.stdout.write(json.dumps({"id": ev.id, "event": ev.name, "data": ev.data}) + "\n")
             sys.stdout.flush()
-
-
-def register(app: typer.Typer) -> None:
-    from karios.cli.client.fabric_cmds import fabric_app
-
-    app.command()(login)
-    app.add_typer(nodes_app, name="nodes")
-    app.command()(provision)
-    app.command()(unprovision)
-    app.command()(jobs)
-    app.command()(events)
-    app.add_typer(job_app, name="job")
-    app.add_typer(fabric_app, name="fabric")
-    app.add_typer(token_app, name="token")

@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from karios.cli.client.commands import STATE, Watch, api, body_from, console, emit, table
 from karios.cli.client.fabric_diff import fetch_diff, preview, show_diff
+from karios.cli.client.shared import STATE, Watch, api, body_from, console, emit, table
 from karios.cli.client.watch import watch_fabric
 
 fabric_app = typer.Typer(help="the EVPN/VXLAN fabric: show, plan, preflight, diff, apply, cancel, teardown")

@@ -7,7 +7,7 @@ host) in the demo inventory; one sushy-emulator on 127.0.0.1 serves them all, an
 The address is the BMC's key, so several servers cannot all be 127.0.0.1 (see docs/cli.md).
 
 ``karios demo --fabric`` (root) also builds a 3-node FRR fabric in network namespaces with a route
-reflector (``demo_fabric.py``), adopts the nodes through the gateway and stores a fabric
+reflector (``py``), adopts the nodes through the gateway and stores a fabric
 configuration for them; stopping the demo removes every namespace, link and process it created.
 """
 
@@ -26,9 +26,19 @@ from typing import Annotated
 import typer
 import yaml
 
-from karios.cli import demo_fabric
-from karios.cli.demo_bmc import DemoBmcs
-from karios.cli.up import Up
+from karios.cli.demo.adopt import adopt_and_configure
+from karios.cli.demo.bmc import DemoBmcs
+from karios.cli.demo.config import (
+    DEMO_LAB_FILE,
+    DEMO_VNIS,
+    demo_fabric_config,
+    demo_lab,
+    demo_unavailable,
+    demo_worker_env,
+    describe,
+)
+from karios.cli.demo.topology import FABRIC_IP
+from karios.cli.up import Up, state_dir
 
 BMC_BASE = "192.0.2."  # TEST-NET-1 (RFC 5737): documentation addresses
 
@@ -62,7 +72,7 @@ class Demo(Up):
         self.bmc_ips = demo_bmc_ips(args.servers)
         self.gateway_url = ""
         self.bmcs = DemoBmcs(state / "demo-bmcs", count=args.servers, executable=args.sushy_emulator)
-        self.lab = demo_fabric.demo_lab() if getattr(args, "fabric", False) else None
+        self.lab = demo_lab() if getattr(args, "fabric", False) else None
         self.adopted: list[dict[str, object]] = []
 
     def _start_backends(self) -> None:
@@ -95,10 +105,8 @@ class Demo(Up):
         assert self.lab is not None
         print("karios demo: building the fabric lab (3 FRR nodes + route reflector)…", flush=True)
         self.lab.start()
-        (self.state / demo_fabric.DEMO_LAB_FILE).write_text(
-            json.dumps(demo_fabric.describe(self.lab), indent=1)
-        )
-        self.env.update(demo_fabric.demo_worker_env())
+        (self.state / DEMO_LAB_FILE).write_text(json.dumps(describe(self.lab), indent=1))
+        self.env.update(demo_worker_env())
 
     def shutdown(self, *_a: object) -> None:
         first = not self.stopping
@@ -107,13 +115,13 @@ class Demo(Up):
             self.bmcs.stop()
             if self.lab is not None:
                 self.lab.stop()  # every namespace (and what runs in it), the host link, the workdir
-                (self.state / demo_fabric.DEMO_LAB_FILE).unlink(missing_ok=True)
+                (self.state / DEMO_LAB_FILE).unlink(missing_ok=True)
                 print("karios demo: fabric lab removed", flush=True)
 
     def _supervise(self) -> int:
         if self.lab is not None:
             try:
-                self.adopted = demo_fabric.adopt_and_configure(self.lab, self.gateway_url, self.admin_token)
+                self.adopted = adopt_and_configure(self.lab, self.gateway_url, self.admin_token)
             except RuntimeError as exc:
                 print(f"karios demo: {exc}", file=sys.stderr, flush=True)
                 self.shutdown()
@@ -143,11 +151,11 @@ class Demo(Up):
 
     def _fabric_lines(self, gw: str) -> list[str]:
         assert self.lab is not None
-        cfg = demo_fabric.demo_fabric_config()
-        vnis = ",".join(str(v) for v in demo_fabric.DEMO_VNIS)
+        cfg = demo_fabric_config()
+        vnis = ",".join(str(v) for v in DEMO_VNIS)
         return [
             f"\nkarios demo --fabric: {len(self.lab.nodes)} nodes in network namespaces, adopted with "
-            f"their SSH key; route reflector (FRR) at {demo_fabric.FABRIC_IP} in {self.lab.fabric_netns}",
+            f"their SSH key; route reflector (FRR) at {FABRIC_IP} in {self.lab.fabric_netns}",
             *(
                 f"  {n.name}  {n.underlay_ip:13s} netns {n.netns}  host key {n.host_key_fingerprint}"
                 for n in self.lab.nodes
@@ -185,8 +193,6 @@ def demo(
     ] = False,
 ) -> None:
     """`karios up` with emulated BMCs (sushy-tools) and a demo inventory: provision a fake server."""
-    from karios.cli.up import state_dir
-
     args = argparse.Namespace(
         timeout=timeout,
         max_crashes=5,
@@ -197,7 +203,7 @@ def demo(
     )
     state = state_dir() / "demo"
     if fabric:
-        reason = demo_fabric.demo_unavailable()
+        reason = demo_unavailable()
         if reason:
             print(f"karios demo --fabric: {reason}", file=sys.stderr)
             raise typer.Exit(2)

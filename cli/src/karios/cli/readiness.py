@@ -1,0 +1,45 @@
+"""Readiness of a service on this host (its ``/readyz``): ``karios ready`` answers with it and
+``karios up``'s start-up and supervisor check with it. Standard library only: ``karios ready`` is
+a container health check that must not load the full CLI (:mod:`karios.cli.entry`)."""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+
+#: The port setting of each service and its default (``KariosSettings``; a unit test keeps them
+#: equal). The environment overrides it as for the service itself: ``KARIOS_<SETTING>``.
+READY_PORTS: dict[str, tuple[str, int]] = {
+    "api-gateway": ("gateway_port", 8080),
+    "bootapi": ("bootapi_port", 8081),
+    "provisioner": ("provisioner_port", 8082),
+    "inventory": ("inventory_port", 8083),
+    "fabric-worker": ("fabric_worker_port", 8084),
+}
+
+
+def ready(service: str, timeout: float) -> int:
+    """Exit status 0 if ``service`` on this host answers 200 on /readyz (prints its answer)."""
+    setting, default = READY_PORTS[service]
+    raw = os.environ.get(f"KARIOS_{setting.upper()}", "")
+    try:
+        port = int(raw) if raw.strip() else default
+    except ValueError:
+        print(f"{service}: not ready (KARIOS_{setting.upper()} is not a port number)")
+        return 1
+    ok, body = probe(f"http://127.0.0.1:{port}/readyz", timeout)
+    print(f"{service}: {'ready' if ok else 'not ready'} {body}")
+    return 0 if ok else 1
+
+
+def probe(url: str, timeout: float) -> tuple[bool, str]:
+    """Whether a readiness URL answers 200 now, and what it said (no answer: not ready).
+    Also ``karios up``'s start-up and supervisor check (:func:`karios.cli.supervisor.is_ready`)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (our own 127.0.0.1 URL)
+            return r.status == 200, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return False, exc.read().decode(errors="replace")
+    except OSError as exc:
+        return False, f"no answer: {exc}"
