@@ -33,6 +33,11 @@ _ACTIVE_RUNS: set[str] = set()  # run ids of labs alive in this process
 _SEQ = iter(range(1_000_000))
 
 
+def _owned(collaborator: str, name: str, doc: str) -> property:
+    """A read-only attribute of the lab that one of its collaborators owns."""
+    return property(lambda lab: getattr(getattr(lab, collaborator), name), doc=doc)
+
+
 class FabricLab:
     """Compute nodes as network namespaces with real OpenSSH and (optionally) a BGP RR.
 
@@ -96,31 +101,14 @@ class FabricLab:
         self.rr = RouteReflector(self.fabric_netns)
         self._started = False
 
-    # -- what the collaborators made ----------------------------------------------------
+    # -- what the collaborators made (read-only) ------------------------------------------
 
-    @property
-    def nodes(self) -> list[LabNode]:
-        return self.lab_nodes.nodes
-
-    @property
-    def client_key_path(self) -> str:
-        return self.lab_nodes.client_key_path
-
-    @property
-    def client_public_key(self) -> str:
-        return self.lab_nodes.client_public_key
-
-    @property
-    def known_hosts_path(self) -> str:
-        return self.lab_nodes.known_hosts_path
-
-    @property
-    def rr_etc_frr_dir(self) -> str:
-        return self.rr.etc_frr_dir
-
-    @property
-    def rr_run_frr_dir(self) -> str:
-        return self.rr.run_frr_dir
+    nodes = _owned("lab_nodes", "nodes", "Every node (list of LabNode), node1 first.")
+    client_key_path = _owned("lab_nodes", "client_key_path", "The SSH private key every node accepts.")
+    client_public_key = _owned("lab_nodes", "client_public_key", "Its public key (one line).")
+    known_hosts_path = _owned("lab_nodes", "known_hosts_path", "known_hosts with every node's host key.")
+    rr_etc_frr_dir = _owned("rr", "etc_frr_dir", "The route reflector's /etc/frr (a host path).")
+    rr_run_frr_dir = _owned("rr", "run_frr_dir", "The route reflector's /run/frr (a host path).")
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -210,17 +198,11 @@ class FabricLab:
         return self.lab_nodes.ssh_argv(node, *command)
 
     def node_exec(
-        self,
-        node: LabNode | str | int,
-        cmd: str | Sequence[str],
-        *,
-        check: bool = False,
-        timeout: float = 60.0,
-        input: str | None = None,
+        self, node: LabNode | str | int, cmd: str | Sequence[str], **kw
     ) -> subprocess.CompletedProcess:
-        """Run `cmd` inside the node (its netns, mount ns with /etc/frr, hostname); see
-        :meth:`LabNodes.node_exec <karios.cli.demo.nodes.LabNodes.node_exec>`."""
-        return self.lab_nodes.node_exec(node, cmd, check=check, timeout=timeout, input=input)
+        """Run `cmd` inside the node (its netns, mount ns with /etc/frr, hostname); keywords
+        ``check``, ``timeout``, ``input``: :meth:`karios.cli.demo.nodes.LabNodes.node_exec`."""
+        return self.lab_nodes.node_exec(node, cmd, **kw)
 
     def node_pids(self, node: LabNode | str | int) -> list[int]:
         """PIDs of every process in the node's network namespace (sshd included)."""
