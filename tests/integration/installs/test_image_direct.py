@@ -18,7 +18,7 @@ import pytest
 
 from karios.provisioner.install import INSTALL_STAGES, HostContext
 from karios.provisioner.install.image import ImageMethod
-from karios.provisioner.preseed import hash_password
+from karios.provisioner.install.preseed.render import hash_password
 from tests.fixtures.installs import SUITE, InstallerEndpoint, initrd_with_overlay
 from tests.fixtures.wait import wait_until
 from tests.lab.vm import VM, Disk, free_port

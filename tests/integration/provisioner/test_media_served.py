@@ -18,8 +18,8 @@ import pytest
 
 from karios.provisioner.install import HostContext
 from karios.provisioner.install.preseed import PreseedMethod
-from karios.provisioner.mediaslot import SLOT_PATH, SLOT_SIZE
-from karios.provisioner.preseed import hash_password
+from karios.provisioner.install.preseed.render import hash_password
+from karios.provisioner.media.slot import SLOT_PATH, SLOT_SIZE
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.provision import has_medium, medium_token, wait_bmc_clean, wait_job
 

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from karios.common.crypto import SecretBox
 from karios.common.db import Database
 from karios.provisioner.drivers import RedfishDriver
-from karios.provisioner.jobs import JobService
+from karios.provisioner.jobs.service import JobService
 from karios.provisioner.media import MediaBuilder
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.provision import (

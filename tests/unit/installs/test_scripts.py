@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from karios.common.errors import PermanentFailure
-from karios.provisioner.cpio import read_initrd
 from karios.provisioner.install import INSTALL_STAGES, WIPE_STAGES, HostContext
 from karios.provisioner.install.image import ImageMethod, installed_cmdline, network_unit, serial_grub
 from karios.provisioner.install.live import keep_modules, net_env, render_init
 from karios.provisioner.install.wipe import WipeMethod
+from karios.provisioner.media.cpio import read_initrd
 from tests.fixtures.installs import initrd_with_overlay
 
 

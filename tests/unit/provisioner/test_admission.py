@@ -1,11 +1,11 @@
-"""Admission control, the pure rule (karios.provisioner.admission.plan)."""
+"""Admission control, the pure rule (karios.provisioner.jobs.admission.plan)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from karios.provisioner.admission import Limits, Waiting, plan
+from karios.provisioner.jobs.admission import Limits, Waiting, plan
 
 
 def q(*vendors: str) -> list[Waiting]:

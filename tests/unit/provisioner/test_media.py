@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from karios.common.errors import ValidationFailed
-from karios.provisioner.cpio import read_initrd
 from karios.provisioner.install import HostContext, Medium
 from karios.provisioner.install.preseed import PreseedMethod
+from karios.provisioner.install.preseed.render import hash_password
 from karios.provisioner.media import MediaBuilder, boot_menus, debian_release, open_record, serial_port
-from karios.provisioner.mediaslot import SLOT_PATH, SLOT_SIZE
-from karios.provisioner.preseed import hash_password
+from karios.provisioner.media.cpio import read_initrd
+from karios.provisioner.media.slot import SLOT_PATH, SLOT_SIZE
 
 BASE = "/tmp/karios-test-media-cache"
 

@@ -16,9 +16,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
-from karios.provisioner import mediaserve
-from karios.provisioner.mediaserve import ServedMedium, medium_response
-from karios.provisioner.mediaslot import BaseLayout
+from karios.provisioner.media import serve as mediaserve
+from karios.provisioner.media.serve import ServedMedium, medium_response
+from karios.provisioner.media.slot import BaseLayout
 
 SIZE = 3 * mediaserve.CHUNK + 12345  # several chunks, an odd tail
 SLOT_AT, SLOT = mediaserve.CHUNK - 100, 4096  # the slot straddles a chunk boundary

@@ -11,8 +11,8 @@ import itertools
 import pytest
 
 from karios.common.errors import PermanentFailure
-from karios.provisioner.cpio import read_initrd
-from karios.provisioner.mediaslot import (
+from karios.provisioner.media.cpio import read_initrd
+from karios.provisioner.media.slot import (
     BaseLayout,
     RangeNotSatisfiable,
     base_key,

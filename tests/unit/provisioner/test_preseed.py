@@ -13,9 +13,9 @@ import pytest
 from karios.common.contracts.provision import ProvisionSpec, check_pool
 from karios.common.errors import ValidationFailed
 from karios.common.provisioning import validate_provision
-from karios.provisioner import preseed
 from karios.provisioner.install import INSTALL_STAGES
-from karios.provisioner.preseed import HostContext, gpu_kernel_args, render_media_files
+from karios.provisioner.install.preseed import render as preseed
+from karios.provisioner.install.preseed.render import HostContext, gpu_kernel_args, render_media_files
 from tests.fixtures.golden import assert_golden
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -149,7 +149,7 @@ def test_images_are_served_only_from_under_images_dir(tmp_path):
 
 def test_a_bmc_that_reads_back_continuous_is_a_quirk_with_evidence():
     from karios.provisioner.drivers import BmcEndpoint, RedfishDriver, driver_for
-    from karios.provisioner.worker import quirk_note
+    from karios.provisioner.jobs.worker import quirk_note
 
     drv = RedfishDriver(BmcEndpoint(bmc_ip="10.0.0.5", base_url="http://127.0.0.1:9"))
     note = quirk_note(drv, "Continuous")

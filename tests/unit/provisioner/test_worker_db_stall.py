@@ -7,7 +7,7 @@ import asyncio
 
 import sqlalchemy as sa
 
-from karios.provisioner import worker
+from karios.provisioner.jobs import worker
 
 
 class FakeService:

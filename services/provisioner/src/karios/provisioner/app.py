@@ -16,13 +16,13 @@ from karios.common.service import ServiceRuntime, build_app
 from karios.common.settings import KariosSettings
 from karios.common.tasks import cancel_and_wait
 from karios.provisioner import metrics
+from karios.provisioner.bmc.tlspins import TlsPins, wire_tls_pins
 from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.handlers import wire
-from karios.provisioner.jobs import JobService
+from karios.provisioner.jobs.service import JobService
 from karios.provisioner.media import MediaBuilder
-from karios.provisioner.mediaserve import medium_response
+from karios.provisioner.media.serve import medium_response
 from karios.provisioner.models import SCHEMA
-from karios.provisioner.tlspins import TlsPins, wire_tls_pins
 
 SERVICE = "provisioner"
 # Database connections kept open: a job at work touches its row at each step; 64 admitted jobs on

@@ -41,7 +41,7 @@ class Job(SQLModel, table=True):
     attempts: int = 0  # how many times a worker took the job (first run = 1)
     token_enc: str | None = None  # the installer token, SecretBox context "job-token:<id>"
     reset_at: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))  # power reset
-    # admission control: set when the job may start its BMC/media work (admission.py)
+    # admission control: set when the job may start its BMC/media work (jobs/admission.py)
     admitted_at: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
     spec: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
     method: str = Field(default="", max_length=32)  # install method: preseed | image | wipe

@@ -5,7 +5,7 @@ environment (``install.live``) boots from the per-host medium, runs ``install.sh
 here from ``templates/install.sh.j2``) which partitions the selected disks per pool, streams
 ``root.tar.zst`` from ``ctx.image_url`` onto them, configures the host, installs GRUB for BIOS
 and UEFI, reports every stage of :data:`INSTALL_STAGES` and reboots into the installed system,
-whose first boot calls back (``templates/firstboot.*.j2`` of the provisioner).
+whose first boot calls back (:mod:`karios.provisioner.install.firstboot`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import replace
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
-
 from karios.common.errors import PermanentFailure
 from karios.provisioner.install import INSTALL_STAGES, HostContext, Medium, Stage
+from karios.provisioner.install.firstboot import firstboot_script, firstboot_unit
 from karios.provisioner.install.live import (
     LiveMethod,
     as_list,
@@ -26,12 +25,6 @@ from karios.provisioner.install.live import (
 )
 
 _SCRIPTS = script_environment("karios.provisioner.install.image")
-_PROVISIONER = Environment(
-    loader=PackageLoader("karios.provisioner", "templates"),
-    undefined=StrictUndefined,
-    keep_trailing_newline=True,
-    autoescape=False,  # noqa: S701 - shell and unit files, never HTML
-)
 LIVE_KERNEL_ARGS = ["rdinit=/init", "panic=30"]
 
 
@@ -114,8 +107,8 @@ class ImageMethod(LiveMethod):
         overlay = {
             "karios/run.sh": self.render_install_script(ctx),
             "karios/net.env": net_env(ctx.nic_mac, ctx.static, ctx.nameservers),
-            "karios/firstboot.sh": _PROVISIONER.get_template("firstboot.sh.j2").render(h=ctx),
-            "karios/firstboot.service": _PROVISIONER.get_template("firstboot.service.j2").render(h=ctx),
+            "karios/firstboot.sh": firstboot_script(ctx),
+            "karios/firstboot.service": firstboot_unit(ctx),
         }
         return Medium(
             kernel=art.kernel,

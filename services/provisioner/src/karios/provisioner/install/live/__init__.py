@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jinja2 import ChoiceLoader, Environment, PackageLoader, StrictUndefined
+from jinja2 import Environment
 
 from karios.common.errors import PermanentFailure
+from karios.provisioner.templating import package_templates
 
 ROOT_PACKAGES = (
     "linux-image-amd64,systemd-sysv,udev,grub-pc-bin,grub-efi-amd64-bin,grub2-common,mdadm,"
@@ -64,12 +65,7 @@ LIVE_PRUNE = (
     "boot/initrd.img*",
 )
 
-_ENV = Environment(
-    loader=PackageLoader("karios.provisioner.install.live", "templates"),
-    undefined=StrictUndefined,
-    keep_trailing_newline=True,
-    autoescape=False,  # noqa: S701 - shell scripts, never HTML
-)
+_ENV = package_templates("karios.provisioner.install.live")
 
 
 def render_init(modules: list[str]) -> str:
@@ -84,12 +80,7 @@ def _sh_quote(value: object) -> str:
 def script_environment(package: str) -> Environment:
     """Jinja2 for a method's per-host scripts: its own templates plus the shared
     ``callbacks.sh.j2``; ``| sh`` quotes a value for the shell."""
-    env = Environment(
-        loader=ChoiceLoader([PackageLoader(package, "templates"), _ENV.loader]),  # type: ignore[list-item]
-        undefined=StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,  # noqa: S701 - shell scripts, never HTML
-    )
+    env = package_templates(package, _ENV.loader)  # type: ignore[arg-type]
     env.filters["sh"] = _sh_quote
     return env
 

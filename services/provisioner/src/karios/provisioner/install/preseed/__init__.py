@@ -1,6 +1,7 @@
 """The "preseed" install method: the Debian installer (netboot kernel + initrd) with a preseeded initrd.
 
-Wraps :mod:`karios.provisioner.preseed` (rendering, owned there) behind :class:`InstallMethod`.
+Wraps :mod:`.render` (rendering, owned there; its templates in ``templates/``) behind
+:class:`InstallMethod`.
 ``PreseedWipeMethod`` is the installer-based wipe, used for unprovision until the live-environment
 wipe method is installed.
 """
@@ -12,16 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from karios.common.errors import PermanentFailure
-from karios.provisioner import preseed
 from karios.provisioner.install import INSTALL_STAGES, WIPE_STAGES, HostContext, Medium, Stage
+from karios.provisioner.install.preseed import render
 from karios.provisioner.media import NETBOOT_ROOT, netboot_dir
 
 ARGS = ["auto=true", "priority=critical"]
 
 
 def preseed_context(ctx: HostContext) -> Any:
-    """The context :mod:`preseed` renders from (its own class until it adopts the interface's)."""
-    cls = preseed.HostContext
+    """The context :mod:`.render` renders from (its own class until it adopts the interface's)."""
+    cls = render.HostContext
     if cls is HostContext:
         return ctx
     names = {f.name for f in dataclasses.fields(cls)}
@@ -57,7 +58,7 @@ class PreseedMethod:
         return Medium(
             kernel=src / "linux",
             initrd=src / "initrd.gz",
-            overlay=preseed.render_media_files(pctx),
+            overlay=render.render_media_files(pctx),
             kernel_args=[*ARGS, "---"],
             label=f"Karios {self.job_type}",
         )

@@ -18,7 +18,7 @@ import stamina
 
 from karios.common.errors import PermanentFailure
 from karios.provisioner.install import Medium
-from karios.provisioner.mediaslot import SENTINEL, SLOT_PATH, SLOT_SIZE, BaseLayout
+from karios.provisioner.media.slot import SENTINEL, SLOT_PATH, SLOT_SIZE, BaseLayout
 
 VOLUME_ID = "KARIOS"
 MARKER = ".karios-media"

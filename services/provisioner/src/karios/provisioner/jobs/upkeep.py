@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
 
 from karios.common.errors import Conflict, ServiceUnavailable
 from karios.common.telemetry import get_logger
 from karios.provisioner import metrics
+from karios.provisioner.jobs.ports import UpkeepPort
 from karios.provisioner.statemachine import INFO, State
-
-if TYPE_CHECKING:
-    from karios.provisioner.jobs import JobService
 
 log = get_logger(__name__)
 
 
-async def check_stuck(svc: JobService) -> int:
+async def check_stuck(svc: UpkeepPort) -> int:
     """Jobs waiting for the installer past their stage deadline become ``stuck``."""
     n = 0
     for job_id in await svc.repo.overdue():
@@ -33,7 +30,7 @@ async def check_stuck(svc: JobService) -> int:
     return n
 
 
-async def stuck_loop(svc: JobService) -> None:
+async def stuck_loop(svc: UpkeepPort) -> None:
     while True:
         await asyncio.sleep(svc.cfg.stuck_check_interval)
         try:
@@ -42,7 +39,7 @@ async def stuck_loop(svc: JobService) -> None:
             log.warning("stuck check failed", error=str(exc))
 
 
-async def heartbeat(svc: JobService) -> list[str]:
+async def heartbeat(svc: UpkeepPort) -> list[str]:
     """Renew the lease of every job this replica works; stop tasks whose lease was taken."""
     ids = list(svc.tasks)
     lost = await svc.repo.renew(ids) if ids else []
@@ -54,7 +51,7 @@ async def heartbeat(svc: JobService) -> list[str]:
     return lost
 
 
-async def resume_expired(svc: JobService) -> list[str]:
+async def resume_expired(svc: UpkeepPort) -> list[str]:
     """Claim expired jobs and resume each from its recorded state. Returns the job ids."""
     resumed = []
     for job_id, attempts in await svc.claim_expired():
@@ -75,7 +72,7 @@ async def resume_expired(svc: JobService) -> list[str]:
     return resumed
 
 
-async def lease_loop(svc: JobService) -> None:
+async def lease_loop(svc: UpkeepPort) -> None:
     """Heartbeat every lease/3 and claim expired jobs every ``claim_interval`` (first: now)."""
     loop = asyncio.get_running_loop()
     tick = max(0.05, min(svc.cfg.claim_interval, svc.cfg.lease_seconds / 3))

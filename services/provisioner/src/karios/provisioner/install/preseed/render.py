@@ -9,21 +9,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
 from passlib.hash import sha512_crypt
 
 from karios.common.errors import ValidationFailed
 from karios.common.provisioning import gpu_kernel_args, normalize_disk
 from karios.provisioner.install import INSTALL_STAGES, HostContext  # HostContext: kept importable from here
+from karios.provisioner.install.firstboot import firstboot_script, firstboot_unit
+from karios.provisioner.templating import package_templates
 
 __all__ = ["HostContext", "gpu_kernel_args", "normalize_disk", "render_media_files"]
 
-_ENV = Environment(
-    loader=PackageLoader("karios.provisioner", "templates"),
-    undefined=StrictUndefined,
-    keep_trailing_newline=True,
-    autoescape=False,  # noqa: S701 - preseed/shell text, never HTML
-)
+_ENV = package_templates("karios.provisioner.install.preseed")
 
 _SERIAL = re.compile(r"^ttyS(?P<unit>[0-9]{1,2})(?:,(?P<speed>[0-9]{3,7})(?:[noe][5-8]?)?)?$")
 _LINE_SAFE = re.compile(r"^[^\x00-\x1f\x7f]*$")
@@ -108,8 +104,8 @@ def render_media_files(ctx: HostContext) -> dict[str, str]:
         "karios/cb.sh": _ENV.get_template("cb.sh.j2").render(**data),
         "karios/reporter.sh": _ENV.get_template("reporter.sh.j2").render(**data),
         DEBCONF_DEBUG_HOOK: _ENV.get_template("debconf-debug.sh.j2").render(**data),
-        "karios/karios-firstboot.sh": _ENV.get_template("firstboot.sh.j2").render(**data),
-        "karios/karios-firstboot.service": _ENV.get_template("firstboot.service.j2").render(**data),
+        "karios/karios-firstboot.sh": firstboot_script(ctx),
+        "karios/karios-firstboot.service": firstboot_unit(ctx),
     }
 
 

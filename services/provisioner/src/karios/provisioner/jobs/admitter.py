@@ -13,27 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
 
 from karios.common.contracts.provision import Admission, AdmissionLimits, QueueEntry
 from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import get_logger
-from karios.provisioner.admission import Limits
+from karios.provisioner.jobs.admission import Limits
+from karios.provisioner.jobs.ports import JobStore
 from karios.provisioner.statemachine import State
-
-if TYPE_CHECKING:
-    from karios.provisioner.jobs import JobService
 
 log = get_logger(__name__)
 
 
-def limits_of(svc: JobService) -> Limits:
+def limits_of(svc: JobStore) -> Limits:
     c = svc.cfg  # read at each use (tests and operators change them)
     return Limits(c.admission_overall, c.admission_per_vendor, dict(c.admission_vendors))
 
 
 class Admitter:
-    def __init__(self, svc: JobService) -> None:
+    def __init__(self, svc: JobStore) -> None:
         self.svc = svc
         self.waiting: dict[str, asyncio.Future[None]] = {}
         self.kick = asyncio.Event()
@@ -84,7 +81,7 @@ class Admitter:
             self.task = None
 
 
-async def admission(svc: JobService) -> tuple[Admission, dict[str, str]]:
+async def admission(svc: JobStore) -> tuple[Admission, dict[str, str]]:
     """The limits, the admitted counts (all replicas) and why each queued job waits."""
     lim = limits_of(svc)
     active, why = await svc.repo.admission(lim)
@@ -97,7 +94,7 @@ async def admission(svc: JobService) -> tuple[Admission, dict[str, str]]:
     return view, why
 
 
-async def queue(svc: JobService) -> list[QueueEntry]:
+async def queue(svc: JobStore) -> list[QueueEntry]:
     """Every unfinished job, oldest first: a queued one with its position and why it waits."""
     _, why = await admission(svc)
     out, pos = [], 0

@@ -16,7 +16,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from karios.provisioner.mediaslot import (
+from karios.provisioner.media.slot import (
     BaseLayout,
     RangeNotSatisfiable,
     etag,

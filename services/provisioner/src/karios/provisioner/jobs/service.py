@@ -50,16 +50,17 @@ from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import current_traceparent, get_logger
 from karios.common.telemetry_http import trace_http_client
 from karios.common.telemetry_tracing import bmc_span_attributes, job_binding, job_span
-from karios.provisioner import admitter, callbacks, metrics, upkeep, worker
+from karios.provisioner import metrics
 from karios.provisioner.bmc import BmcAccessor, driver_of, leave_clean, serial_console_for
 from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.drivers import RedfishDriver
-from karios.provisioner.hostctx import host_context
 from karios.provisioner.install import InstallMethod
 from karios.provisioner.install.registry import install_methods, method_for
+from karios.provisioner.jobs import admitter, callbacks, upkeep, worker
+from karios.provisioner.jobs.hostctx import host_context
+from karios.provisioner.jobs.repository import JobCancelled, JobRepository, LeaseLost, now
 from karios.provisioner.media import MediaBuilder
 from karios.provisioner.models import Job
-from karios.provisioner.repository import JobCancelled, JobRepository, LeaseLost, now
 from karios.provisioner.statemachine import INFO, WORKER_STATES, State, is_terminal
 
 log = get_logger(__name__)

@@ -13,7 +13,6 @@ first boot of the completed job registers it again (idempotent) and answers the 
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING
 
 from karios.common.contracts.inventory import RegisterNode
 from karios.common.contracts.nodes import ComputeNode, RegisterComputeNode, password_context
@@ -22,13 +21,11 @@ from karios.common.errors import Conflict, KariosError, NotFound, Unauthorized
 from karios.common.provisioning import bound_log, bound_message
 from karios.common.telemetry import get_logger
 from karios.provisioner import metrics
-from karios.provisioner.hostctx import DEFAULT_OS_PASSWORD
 from karios.provisioner.install import INSTALL_STAGES, WIPE_STAGES, Stage, stage_of
+from karios.provisioner.jobs.hostctx import DEFAULT_OS_PASSWORD
+from karios.provisioner.jobs.ports import CallbackPort
 from karios.provisioner.models import Job
 from karios.provisioner.statemachine import INFO, State, is_terminal
-
-if TYPE_CHECKING:
-    from karios.provisioner.jobs import JobService
 
 log = get_logger(__name__)
 
@@ -54,14 +51,14 @@ def view(job: Job) -> JobView:
     )
 
 
-def stages_of(svc: JobService, job: Job) -> tuple[Stage, ...]:
+def stages_of(svc: CallbackPort, job: Job) -> tuple[Stage, ...]:
     method = svc.methods.get(job.method)
     if method is not None:
         return method.stages
     return WIPE_STAGES if job.job_type == "unprovision" else INSTALL_STAGES
 
 
-async def _load(svc: JobService, job_id: str) -> Job:
+async def _load(svc: CallbackPort, job_id: str) -> Job:
     """The job, or the same 401 a wrong token gets (no oracle of which jobs exist)."""
     try:
         return await svc.load(job_id)
@@ -69,7 +66,7 @@ async def _load(svc: JobService, job_id: str) -> Job:
         raise Unauthorized(INVALID_TOKEN) from None
 
 
-async def _current(svc: JobService, req: CallbackRequest) -> Job:
+async def _current(svc: CallbackPort, req: CallbackRequest) -> Job:
     job = await _load(svc, req.job_id)
     verify(job, req.token, svc.token_hash(req.token))
     newer = await svc.repo.newer_than(job)
@@ -78,7 +75,7 @@ async def _current(svc: JobService, req: CallbackRequest) -> Job:
     return job
 
 
-async def step(svc: JobService, req: CallbackRequest) -> JobView:
+async def step(svc: CallbackPort, req: CallbackRequest) -> JobView:
     job = await _current(svc, req)
     stage = stage_of(stages_of(svc, job), req.step)
     label = stage.label if stage else req.step
@@ -99,7 +96,7 @@ async def step(svc: JobService, req: CallbackRequest) -> JobView:
     return view(job)
 
 
-async def complete(svc: JobService, req: CallbackRequest) -> JobView:
+async def complete(svc: CallbackPort, req: CallbackRequest) -> JobView:
     job = await _current(svc, req)
     enc = req.os_password_enc
     extra = {"log_tail": bound_log(req.log)} if req.log else {}
@@ -118,7 +115,7 @@ async def complete(svc: JobService, req: CallbackRequest) -> JobView:
     return view(job)
 
 
-async def firstboot(svc: JobService, req: CallbackRequest) -> JobView:
+async def firstboot(svc: CallbackPort, req: CallbackRequest) -> JobView:
     job_id = await svc.repo.latest_for_bmc(req.bmc_ip)
     if job_id is None:
         raise Unauthorized(INVALID_TOKEN)  # as for a wrong token: no oracle of known BMCs
@@ -145,7 +142,7 @@ def _request(job: Job) -> dict:
     return dict((job.spec or {}).get("spec") or {})
 
 
-def _os_password(svc: JobService, job: Job) -> str:
+def _os_password(svc: CallbackPort, job: Job) -> str:
     """The password the installer set: reported at completion, else the request's, else the
     installer's default (what hostctx put in the medium)."""
     if job.os_password_enc:
@@ -156,7 +153,7 @@ def _os_password(svc: JobService, job: Job) -> str:
     return DEFAULT_OS_PASSWORD
 
 
-async def register(svc: JobService, job: Job, os_ip: str) -> None:
+async def register(svc: CallbackPort, job: Job, os_ip: str) -> None:
     """Record the OS address on the BMC's registry row and the node as a compute node of the
     fabric (idempotent per address). A failure is logged: the job itself has completed."""
     spec = _request(job)

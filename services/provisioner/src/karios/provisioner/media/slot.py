@@ -4,7 +4,7 @@ One base ISO per (kernel, initrd, kernel line, serial console, label) carries a 
 ``/karios/host.img`` (:data:`SLOT_SIZE` bytes, zeros) that both boot loaders load as a second
 initrd. A job's medium is that base with the slot's bytes replaced by the job's overlay (a gzip'd
 newc cpio, zero-padded — the kernel's initramfs unpacker skips zeros between archives). Nothing
-here does I/O: the reader and the HTTP response are in :mod:`karios.provisioner.mediaserve`.
+here does I/O: the reader and the HTTP response are in :mod:`karios.provisioner.media.serve`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from email.utils import formatdate
 
 from karios.common.errors import PermanentFailure
-from karios.provisioner.cpio import gzip_overlay
+from karios.provisioner.media.cpio import gzip_overlay
 
 SLOT_SIZE = 256 * 1024
 SLOT_PATH = "/karios/host.img"  # inside the ISO (ISO 9660 + Rock Ridge name)

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import ipaddress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from karios.common.contracts.provision import StartProvision
 from karios.common.db.session import unavailable_database_error
@@ -25,12 +25,10 @@ from karios.common.errors import KariosError
 from karios.common.telemetry import get_logger
 from karios.provisioner.bmc import probe
 from karios.provisioner.drivers import RedfishDriver
+from karios.provisioner.jobs.ports import WorkerPort
+from karios.provisioner.jobs.repository import JobCancelled, LeaseLost, now
 from karios.provisioner.models import Job
-from karios.provisioner.repository import JobCancelled, LeaseLost, now
 from karios.provisioner.statemachine import State
-
-if TYPE_CHECKING:
-    from karios.provisioner.jobs import JobService
 
 log = get_logger(__name__)
 
@@ -57,7 +55,7 @@ def subnet_of(ip: str) -> str:
         return ip
 
 
-async def run(svc: JobService, job_id: str, job: Job | None = None) -> None:
+async def run(svc: WorkerPort, job_id: str, job: Job | None = None) -> None:
     """Work a job from its recorded state up to booting; safe to run again after a crash.
 
     ``job``: the row as just read by the caller (checked here instead of read again)."""
@@ -112,7 +110,7 @@ async def run(svc: JobService, job_id: str, job: Job | None = None) -> None:
             svc.tasks.pop(job_id, None)
 
 
-async def _after_cancel(svc: JobService, at: Attempt) -> None:
+async def _after_cancel(svc: WorkerPort, at: Attempt) -> None:
     """The cancel may have run its cleanup before our build or insert: clean up again."""
     svc.media.remove(at.job_id)
     if at.mounted and at.job is not None:
@@ -120,7 +118,7 @@ async def _after_cancel(svc: JobService, at: Attempt) -> None:
 
 
 async def mount_and_reset(
-    svc: JobService, at: Attempt, cmd: StartProvision, state: State, probed: RedfishDriver | None = None
+    svc: WorkerPort, at: Attempt, cmd: StartProvision, state: State, probed: RedfishDriver | None = None
 ) -> str:
     """Mount, boot override, the gate and the reset; ``probed``: the probe's driver (its session
     and discovery are reused; it is closed here)."""
@@ -143,7 +141,7 @@ async def mount_and_reset(
                 await probed.close()
 
 
-async def _mount_and_reset(svc: JobService, at: Attempt, drv: RedfishDriver) -> str:
+async def _mount_and_reset(svc: WorkerPort, at: Attempt, drv: RedfishDriver) -> str:
     async with drv:
         at.mounted = True
         await drv.mount(f"{svc.cfg.media_url.rstrip('/')}/media/{at.job_id}.iso")
@@ -171,7 +169,7 @@ def quirk_note(drv: RedfishDriver, read_back: Any) -> str:
     return ""
 
 
-async def gate_and_reset(svc: JobService, job_id: str, drv: RedfishDriver, note: str = "") -> str:
+async def gate_and_reset(svc: WorkerPort, job_id: str, drv: RedfishDriver, note: str = "") -> str:
     """``mounting → booting`` as the lease owner (once per job, row-locked), then the reset."""
     message = "Medium mounted; resetting into it" + (f" ({note})" if note else "")
     await svc.move(job_id, State.booting, message, owned=True, reset_at=now())

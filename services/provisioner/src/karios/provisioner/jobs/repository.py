@@ -15,8 +15,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from karios.common.db import Database
 from karios.common.errors import NotFound
 from karios.common.provisioning import TERMINAL_STATES
-from karios.provisioner.admission import Limits, Waiting, plan
 from karios.provisioner.config import ProvisionerConfig
+from karios.provisioner.jobs.admission import Limits, Waiting, plan
 from karios.provisioner.models import Job
 from karios.provisioner.statemachine import INFO, WORKER_STATES, State, is_terminal, transition
 

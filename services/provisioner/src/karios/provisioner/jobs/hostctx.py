@@ -13,10 +13,10 @@ from karios.common.contracts.inventory import AllocateIp, IpAllocation
 from karios.common.contracts.provision import POOL_TYPES, StartProvision
 from karios.common.crypto import SecretBox
 from karios.common.provisioning import gpu_kernel_args
-from karios.provisioner import preseed
 from karios.provisioner.bmc import serial_console_for
 from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.install import HostContext, InstallMethod
+from karios.provisioner.install.preseed.render import hash_password
 from karios.provisioner.media import debian_release
 
 DEFAULT_OS_PASSWORD = "adminadmin"  # noqa: S105 - the seed's default when the request names none
@@ -77,8 +77,8 @@ async def host_context(
         hostname=spec.hostname or "node",
         bmc_ip=ip,
         os_username=spec.os_username or "debian",
-        password_hash=preseed.hash_password(password or DEFAULT_OS_PASSWORD),
-        root_password_hash=preseed.hash_password(root) if root else "",
+        password_hash=hash_password(password or DEFAULT_OS_PASSWORD),
+        root_password_hash=hash_password(root) if root else "",
         disks=list(spec.selected_disks),
         md_level=level,
         nic=spec.selected_nic or "auto",

@@ -4,9 +4,9 @@ The boot loaders (isolinux, the standalone GRUB EFI image in a FAT image) are pr
 ``cache_dir``; the kernel and base initrd come from the install method (prepared and cached by
 it). One base ISO per boot configuration (kernel, initrd, kernel line, label, serial console) is
 written once by ``xorriso`` with the cached files grafted in place and a fixed-size slot file
-(:mod:`karios.provisioner.mediaslot`) that both boot loaders load as a second initrd. A host's
+(:mod:`karios.provisioner.media.slot`) that both boot loaders load as a second initrd. A host's
 medium is only its slot payload (a gzip'd cpio of its overlay, a few KB), patched into the base
-while it is served (:mod:`karios.provisioner.mediaserve`). Both boot menus use the serial console.
+while it is served (:mod:`karios.provisioner.media.serve`). Both boot menus use the serial console.
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ import shutil
 import threading
 from pathlib import Path
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
-
 from karios.common.contracts.provision import check_debian_version, debian_suites
 from karios.common.errors import PermanentFailure
 from karios.provisioner.install import Medium
-from karios.provisioner.mediabase import BootArtifacts, build_base, make_efiboot
-from karios.provisioner.mediaserve import ServedMedium
-from karios.provisioner.mediaslot import (
+from karios.provisioner.media.base import BootArtifacts, build_base, make_efiboot
+from karios.provisioner.media.serve import ServedMedium
+from karios.provisioner.media.slot import (
     SLOT_SIZE,
     BaseLayout,
     base_key,
@@ -35,6 +33,7 @@ from karios.provisioner.mediaslot import (
     encode_record,
     render_slot,
 )
+from karios.provisioner.templating import package_templates
 
 NETBOOT_ROOT = Path("/usr/lib/debian-installer/images")
 ISOLINUX_BIN = Path("/usr/lib/ISOLINUX/isolinux.bin")
@@ -58,12 +57,7 @@ def netboot_dir(major: str, arch: str = "amd64", root: Path = NETBOOT_ROOT) -> P
     return root / major / arch / "text" / "debian-installer" / arch
 
 
-_BOOT = Environment(
-    loader=PackageLoader("karios.provisioner", "boot_templates"),
-    undefined=StrictUndefined,
-    keep_trailing_newline=True,
-    autoescape=False,  # noqa: S701 - bootloader configuration, never HTML
-)
+_BOOT = package_templates("karios.provisioner.media")
 
 
 def serial_port(console: str) -> tuple[int, int] | None:
