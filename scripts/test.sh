@@ -3,10 +3,14 @@
 # lab (NetBox, Redfish emulator, OpenSSH + FRR namespaces) where this machine allows it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase prints its time, so every CI log shows where a run's minutes went.
+t_start=$SECONDS
+phase() { echo "test: $1 (+$((SECONDS - t_start)) s)" >&2; }
 source scripts/bootstrap-uv.sh
 uv sync --locked --all-packages --quiet --compile-bytecode
 # Our own packages are editable installs: compile them too (some machines set PYTHONDONTWRITEBYTECODE).
 uv run --locked python -m compileall -q libs services cli >/dev/null
+phase "environment synced"
 
 # The real servers the integration tests use (CI machines run them already; start them if down).
 if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null && [ -x /usr/sbin/nats-server ] && [ "$(id -u)" = 0 ]; then
@@ -21,6 +25,7 @@ fi
 if [ -x tests/lab/setup.sh ]; then
   tests/lab/setup.sh
 fi
+phase "lab packages present"
 # The installers' caching proxy (apt-cacher-ng, cache kept on the machine): image builds and the
 # Debian installer in a VM fetch through it.
 cleanup=()
@@ -34,17 +39,33 @@ if [ -x tests/lab/aptproxy.sh ] && [ "$(id -u)" = 0 ] && command -v apt-cacher-n
     tail -n 20 /tmp/karios-aptproxy-up.log >&2 || true
   fi
 fi
+phase "installer proxy up"
+# NetBox comes up in the background while the tests start (minutes on a fresh machine: its
+# database is migrated once, then restored from a cache keyed by NetBox and PostgreSQL versions).
+# The NetBox tests run `netbox.sh up` themselves, which waits on the lab's lock for this one.
 if [ -x tests/lab/netbox.sh ] && [ -z "${KARIOS_SKIP_NETBOX:-}" ]; then
-  if tests/lab/netbox.sh up >/tmp/karios-netbox-up.log 2>&1; then
-    eval "$(tests/lab/netbox.sh env)"
-    export NETBOX_URL NETBOX_TOKEN
-    cleanup+=("tests/lab/netbox.sh down")
-  else
-    echo "test: NetBox lab did not come up (tail of log below); NetBox contract tests will report it" >&2
-    tail -n 30 /tmp/karios-netbox-up.log >&2 || true
-  fi
+  (
+    if tests/lab/netbox.sh up >/tmp/karios-netbox-up.log 2>&1; then
+      echo "test: NetBox lab up (+$((SECONDS - t_start)) s)" >&2
+    else
+      echo "test: NetBox lab did not come up (tail of log below); NetBox contract tests will report it" >&2
+      tail -n 30 /tmp/karios-netbox-up.log >&2 || true
+    fi
+  ) &
+  cleanup+=("wait; tests/lab/netbox.sh down")
 fi
 
 uv run --locked ruff check .
 uv run --locked ruff format --check .
-uv run --locked pytest "$@"
+phase "lint done"
+# Parallel workers (pytest-xdist): tests/conftest.py groups what must run in turn (VMs, the
+# FRR host-link lab) and sends the long chains first. KARIOS_TEST_WORKERS=0 runs in one process.
+workers=${KARIOS_TEST_WORKERS:-3}
+xdist=()
+if [ "$workers" != 0 ]; then
+  xdist=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
+fi
+status=0
+uv run --locked pytest "${xdist[@]}" "$@" || status=$?
+phase "tests done (exit $status)"
+exit "$status"

@@ -26,6 +26,49 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from karios.common.settings import KariosSettings
 from tests.fixtures.apps import REQUIRE, RunningApp, start_app
 
+# -- parallel runs and the quick selection --------------------------------------------------------
+#
+# CI runs the suite with pytest-xdist (`scripts/test.sh`: `-n N --dist loadgroup
+# --no-loadscope-reorder`). Every test belongs to one xdist group, a unit of work one worker runs:
+#   - `vm`: every test that boots qemu (TCG, a core each): in turn, on one worker, sent first (the
+#     longest chain of the run);
+#   - `fabric_lab`: every test on a FRR namespace lab with the host link (198.18.0.0/24 in the root
+#     namespace, one lab at a time on a machine — the lab's own lock would hold other workers idle);
+#   - otherwise its module (module- and class-scoped fixtures are set up once, as in a plain run).
+# Units are sent in the order below: the long, serial chains first, unit tests last (they fill the
+# gaps at the end).
+# `quick` (`pytest -m quick`, the edit-test loop): every unit test, and integration tests that need
+# no lab peer and are not marked `slow`.
+
+SERIAL_GROUPS = ("vm", "fabric_lab")
+
+
+def _serial_group(item: pytest.Item) -> str | None:
+    return next((g for g in SERIAL_GROUPS if item.get_closest_marker(g)), None)
+
+
+def _rank(item: pytest.Item, rel: tuple[str, ...]) -> int:
+    group = _serial_group(item)
+    if group:
+        return SERIAL_GROUPS.index(group)
+    area = rel[1] if len(rel) > 2 else ""
+    return {"e2e": 2, "integration": 3, "lab": 3}.get(area, 4)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    ranks: dict[str, int] = {}
+    for item in items:
+        rel = Path(str(item.path)).relative_to(root).parts
+        group = _serial_group(item)
+        item.add_marker(pytest.mark.xdist_group(group or "/".join(rel)))
+        heavy = group or item.get_closest_marker("lab") or item.get_closest_marker("slow")
+        if rel[:2] == ("tests", "unit") or (rel[:2] == ("tests", "integration") and not heavy):
+            item.add_marker(pytest.mark.quick)
+        ranks[item.nodeid] = _rank(item, rel)
+    items.sort(key=lambda it: ranks[it.nodeid])  # stable: collection order within a rank
+
 
 def _port_open(host: str, port: int) -> bool:
     with socket.socket() as s:

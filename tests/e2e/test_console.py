@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
 import fabric_lab
 
 # The module's setup waits for the fabric lab (one per host, serialised by a lock) and `karios up`.
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(900), pytest.mark.fabric_lab]
 CI = os.environ.get("CI", "").lower() == "true"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 SHOTS = Path(os.environ.get("KARIOS_SCREENSHOTS", "/tmp/karios-console-screenshots"))

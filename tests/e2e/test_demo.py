@@ -205,6 +205,7 @@ def _links() -> set[str]:
     return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
 
 
+@pytest.mark.fabric_lab
 @pytest.mark.timeout(900)  # a fresh state dir (initdb), the lab may wait for another lab's host link
 def test_demo_fabric_applies_evpn_to_three_namespace_nodes_and_stops_clean():
     reason = fabric_lab.skip_reason()

@@ -34,7 +34,7 @@ from tests.fixtures.fabric import VIEWER, VIEWER_TOKEN, finished, forget_every_n
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
 import fabric_lab
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.fabric_lab]
 CI = os.environ.get("CI", "").lower() == "true"
 PASSWORD = "adopt-Secret-7q"
 PW_PORT = 2222

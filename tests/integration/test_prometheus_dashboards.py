@@ -57,7 +57,7 @@ CI = os.environ.get("CI", "").lower() == "true"
 PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
 RULES = ROOT / "deploy" / "prometheus" / "rules"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "tests"
-pytestmark = [pytest.mark.integration, pytest.mark.lab]
+pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.fabric_lab]
 
 
 def _need(reason: str | None) -> None:

@@ -24,7 +24,7 @@ from karios.fabric_worker.rollout.jobs import JobRegistry
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
 import fabric_lab
 
-pytestmark = [pytest.mark.integration, pytest.mark.lab]
+pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.fabric_lab]
 CI = os.environ.get("CI", "").lower() == "true"
 
 

@@ -1,21 +1,17 @@
 #!/usr/bin/env bash
 # The image method's artifacts (root.tar.zst, vmlinuz, live.img) for the lab, built once and
-# cached under ${KARIOS_LAB_CACHE:-/var/cache/karios-lab}/images/<suite>/ (minutes cold, then
-# instant). Packages go through the lab's apt-cacher-ng (tests/lab/aptproxy.sh) when it comes up.
+# cached under ${KARIOS_LAB_CACHE:-/var/cache/karios-lab}/images/<key>/bookworm/, the key a hash
+# of the live package's files (tests/fixtures/installs.py: images_key) — minutes cold, then
+# instant, rebuilt when what shapes the images changes. Packages go through the lab's
+# apt-cacher-ng (tests/lab/aptproxy.sh) when it comes up. The VM tests use the same cache.
 #
-#   tests/lab/images.sh [SUITE]        build what is missing (default: bookworm); prints the paths
-#   tests/lab/images.sh clean [SUITE]  forget the cached artifacts of SUITE
+#   tests/lab/images.sh          build what is missing; prints the directory
+#   tests/lab/images.sh clean    forget every cached image
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${KARIOS_LAB_CACHE:-/var/cache/karios-lab}/images
 if [ "${1:-}" = clean ]; then
-  rm -rf "${OUT:?}/${2:-bookworm}"
+  rm -rf "${KARIOS_LAB_CACHE:-/var/cache/karios-lab}/images"
   exit 0
 fi
-SUITE=${1:-bookworm}
-PROXY=""
-if [ -x tests/lab/aptproxy.sh ] && env_lines=$(tests/lab/aptproxy.sh up 2>/dev/null); then
-  PROXY=$(printf '%s\n' "$env_lines" | sed -n 's/^KARIOS_APT_PROXY=//p' | tr -d "'\"")
-fi
-mkdir -p "$OUT"
-exec uv run python -m karios.provisioner.install.live build --suite "$SUITE" --out "$OUT" ${PROXY:+--proxy "$PROXY"}
+exec uv run python -c 'from tests.fixtures.installs import SUITE, cached_live_images
+print(cached_live_images().images_dir / SUITE)'

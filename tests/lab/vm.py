@@ -26,6 +26,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.fixtures.apps import free_port  # noqa: F401  (re-exported: the VM tests' port helper)
 from tests.fixtures.wait import wait_until
 
 MIB = 1 << 20
@@ -183,9 +184,3 @@ def read_marker(path: Path, where: str = "first") -> bytes:
     with open(path, "rb") as f:
         f.seek(0 if where == "first" else size - MIB)
         return f.read(MIB)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -35,7 +35,11 @@ def _missing() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.lab, pytest.mark.skipif(_missing() is not None, reason=_missing() or "")]
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(_missing() is not None, reason=_missing() or ""),
+    pytest.mark.vm,
+]
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ from tests.lab.redfish_lab import RedfishEmulator, fake_system
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
 import fabric_lab
 
-pytestmark = [pytest.mark.integration, pytest.mark.lab]
+pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.fabric_lab]
 CI = os.environ.get("CI", "").lower() == "true"
 SERVICES = ("api-gateway", "provisioner", "inventory", "fabric-worker", "bootapi")
 FAULTS = [*(f"SIGKILL {s}" for s in SERVICES), "NATS stopped 30 s", "PostgreSQL SIGSTOP 10 s"]

@@ -32,7 +32,7 @@ from tests.fixtures.wait import wait_until
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
 import fabric_lab
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.fabric_lab]
 CI = os.environ.get("CI", "").lower() == "true"
 BGP_PW = "Cli-Preview-S3cret"
 CONFIG = lab_config()

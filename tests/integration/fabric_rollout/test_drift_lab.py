@@ -33,7 +33,7 @@ from tests.fixtures.wait import wait_until
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
 import fabric_lab
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.fabric_lab]
 CI = os.environ.get("CI", "").lower() == "true"
 # The lab configuration, with the switch ack gate left on (its default).
 CONFIG = lab_config(skip_switch_ack=False)

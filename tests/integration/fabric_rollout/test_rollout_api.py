@@ -37,7 +37,7 @@ from tests.fixtures.wait import wait_until
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
 import fabric_lab
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.fabric_lab]
 CI = os.environ.get("CI", "").lower() == "true"
 VIEWER = {"Authorization": "Bearer kt_test-rollout-viewer"}
 # The lab configuration, with the switch ack gate left on (its default).

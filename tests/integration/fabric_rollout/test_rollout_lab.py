@@ -34,7 +34,7 @@ from tests.fixtures.wait import wait_until_sync
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
 import fabric_lab
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.fabric_lab]
 CI = os.environ.get("CI", "").lower() == "true"
 OPTS = RolloutOptions(connect_timeout=5, verify_timeout=30, verify_interval=0.3)
 

@@ -24,7 +24,7 @@ from tests.fixtures.provision import wait_bmc_clean, wait_job
 from tests.fixtures.sse import open_sse
 from tests.lab.vm import GUEST_IP, VM, Disk, free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.timeout(2400), pytest.mark.vm]
 
 
 async def test_image_install_to_first_boot_through_the_gateway(install_stack: InstallStack, tmp_path: Path):

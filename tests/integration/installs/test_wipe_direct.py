@@ -15,7 +15,7 @@ from karios.provisioner.install.wipe import WipeMethod
 from tests.fixtures.installs import PART_OFFSET, InstallerEndpoint, initrd_with_overlay, marked_disks, probe
 from tests.lab.vm import MIB, VM, Disk, make_disk, read_marker, write_marker
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.vm]
 GW = "10.0.2.100"
 
 

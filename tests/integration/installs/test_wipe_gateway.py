@@ -17,7 +17,7 @@ from tests.fixtures.provision import wait_bmc_clean, wait_job
 from tests.fixtures.sse import open_sse
 from tests.lab.vm import MIB, VM, read_marker
 
-pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.timeout(900), pytest.mark.vm]
 DISKS = ["/dev/vda", "/dev/sda", "/dev/nvme0n1"]
 
 
