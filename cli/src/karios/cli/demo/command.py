@@ -7,8 +7,9 @@ host) in the demo inventory; one sushy-emulator on 127.0.0.1 serves them all, an
 The address is the BMC's key, so several servers cannot all be 127.0.0.1 (see docs/cli.md).
 
 ``karios demo --fabric`` (root) also builds a 3-node FRR fabric in network namespaces with a route
-reflector (``py``), adopts the nodes through the gateway and stores a fabric
-configuration for them; stopping the demo removes every namespace, link and process it created.
+reflector (:mod:`karios.cli.demo.lab`), adopts the nodes through the gateway and stores a fabric
+configuration for them (:mod:`karios.cli.demo.config`, :mod:`karios.cli.demo.adopt`); stopping the
+demo removes every namespace, link and process it created.
 """
 
 from __future__ import annotations
