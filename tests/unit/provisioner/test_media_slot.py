@@ -1,4 +1,5 @@
-"""The pure core of constant-size media: the slot payload, its record, ranges and patched pieces.
+"""The pure core of constant-size media: the slot payload, its record and patched pieces (the Range
+parser: tests/unit/common/test_ranges.py).
 
 The reference for every range is the patched medium built the slow, obvious way (base bytes with
 the zero-padded payload written over the slot) and compared byte for byte.
@@ -14,12 +15,10 @@ from karios.common.errors import PermanentFailure
 from karios.provisioner.media.cpio import read_initrd
 from karios.provisioner.media.slot import (
     BaseLayout,
-    RangeNotSatisfiable,
     base_key,
     decode_record,
     encode_record,
     etag,
-    parse_range,
     render_slot,
     segments,
     slot_bytes,
@@ -80,36 +79,6 @@ def test_slot_at_the_very_end_and_start_of_the_medium() -> None:
         ref = patched_reference(BASE, layout, PAYLOAD)
         for start, end in [(0, 4095), (0, 0), (4095, 4095), (1000, 3100)]:
             assert assemble(start, end, layout) == ref[start : end + 1]
-
-
-@pytest.mark.parametrize(
-    ("header", "expected"),
-    [
-        (None, None),
-        ("", None),
-        ("bytes=0-0", (0, 0)),
-        ("bytes=0-", (0, 4095)),
-        ("bytes=100-199", (100, 199)),
-        ("bytes=4000-9999", (4000, 4095)),  # clamped to the end
-        ("bytes=-100", (3996, 4095)),  # the last 100 bytes
-        ("bytes=-99999", (0, 4095)),
-        ("BYTES = 5-6", (5, 6)),
-        ("bytes=0-1,5-6", None),  # multi-range: the whole medium
-        ("items=0-5", None),
-        ("bytes=abc", None),
-        ("bytes=5-1", None),  # last < first: ignored
-        ("bytes=-", None),
-        ("bytes=1-x", None),
-    ],
-)
-def test_parse_range(header: str | None, expected: tuple[int, int] | None) -> None:
-    assert parse_range(header, 4096) == expected
-
-
-@pytest.mark.parametrize("header", ["bytes=4096-", "bytes=5000-6000", "bytes=-0"])
-def test_unsatisfiable_ranges(header: str) -> None:
-    with pytest.raises(RangeNotSatisfiable):
-        parse_range(header, 4096)
 
 
 def test_render_slot_is_the_overlay_as_gzipd_cpio_and_refuses_an_overflow() -> None:

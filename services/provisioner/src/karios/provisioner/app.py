@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import Response
 
 from karios.common.crypto import SecretBox
 from karios.common.db import Database
@@ -21,7 +21,7 @@ from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.handlers import wire
 from karios.provisioner.jobs.service import JobService
 from karios.provisioner.media import MediaBuilder
-from karios.provisioner.media.serve import medium_response
+from karios.provisioner.media.serve import ServedFile, medium_response, ranged_response
 from karios.provisioner.models import SCHEMA
 
 SERVICE = "provisioner"
@@ -91,16 +91,19 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
         legacy = media.legacy_iso(name) if _NAME.match(name) else None
         if legacy is None:
             raise NotFound(f"no medium {name}")
-        return FileResponse(legacy, media_type="application/x-iso9660-image", filename=f"{name}.iso")
+        return medium_response(ServedFile.of(legacy), request, f"{name}.iso")
 
-    @app.get(
+    @app.api_route(
         "/images/{path:path}",
-        summary="A prepared install-method artifact, e.g. a root filesystem archive (range requests)",
+        methods=["GET", "HEAD"],
+        summary="A prepared install-method artifact, e.g. a root filesystem archive "
+        "(single-range requests as for /media, ETag, Last-Modified)",
+        response_class=Response,
     )
-    async def get_image(path: str) -> FileResponse:
+    async def get_image(path: str, request: Request) -> Response:
         found = image_file(cfg.images_dir, path)
         if found is None:
             raise NotFound(f"no image {path}")
-        return FileResponse(found, media_type="application/octet-stream", filename=found.name)
+        return ranged_response(ServedFile.of(found), request, found.name, "application/octet-stream")
 
     return app

@@ -1,30 +1,27 @@
-"""Serving a job's medium: the base ISO streamed with the job's slot patched in (I/O edge).
+"""Serving a job's medium (the base ISO streamed with the job's slot patched in) and the plain
+files under ``/images``: one response for both (I/O edge).
 
-``GET``/``HEAD /media/{job}.iso``: one byte range (206 + ``Content-Range``; a multi-range or
-malformed ``Range`` gets the whole medium, one past the end 416), the full length in
-``Content-Length``, a per-job ``ETag`` and ``Last-Modified`` (``If-Range``, ``If-None-Match``).
-The base file is read asynchronously in chunks; nothing per job is read but its slot record.
+``GET``/``HEAD``: one byte range, parsed by :func:`karios.common.ranges.parse_range` (206 +
+``Content-Range``; a multi-range or malformed ``Range`` gets the whole file with 200, a range
+past the end 416 with ``Content-Range: bytes */size``), the full length in ``Content-Length``,
+an ``ETag`` and ``Last-Modified`` (``If-Range``, ``If-None-Match``). Files are read
+asynchronously in chunks; nothing per job is read but its slot record.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import anyio
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from karios.provisioner.media.slot import (
-    BaseLayout,
-    RangeNotSatisfiable,
-    etag,
-    http_date,
-    parse_range,
-    segments,
-    slot_bytes,
-)
+from karios.common.ranges import RangeNotSatisfiable, content_range, parse_range
+from karios.provisioner.media.slot import BaseLayout, etag, http_date, segments, slot_bytes
 
 CHUNK = 256 * 1024
 ISO_TYPE = "application/x-iso9660-image"
@@ -91,15 +88,62 @@ class ServedMedium:
         return path
 
 
-def medium_response(served: ServedMedium, request: Request, filename: str) -> Response:
+@dataclass(frozen=True)
+class ServedFile:
+    """A plain file served as is (``/images``, a legacy per-job ISO)."""
+
+    path: Path
+    size: int
+    mtime: float
+    etag: str
+
+    @classmethod
+    def of(cls, path: Path) -> ServedFile:
+        st = path.stat()
+        key = f"{path}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}".encode()
+        return cls(path, st.st_size, st.st_mtime, f'"{hashlib.sha256(key).hexdigest()[:32]}"')
+
+    async def stream(self, start: int, end: int) -> AsyncIterator[bytes]:
+        async with await anyio.open_file(self.path, "rb") as f:
+            await f.seek(start)
+            left = end - start + 1
+            while left > 0:
+                data = await f.read(min(left, CHUNK))
+                if not data:
+                    raise OSError(f"{self.path.name} is shorter than when it was opened")
+                left -= len(data)
+                yield data
+
+
+class Ranged(Protocol):
+    """What :func:`ranged_response` serves: a size, a validator and the bytes of a span."""
+
+    @property
+    def size(self) -> int: ...
+    @property
+    def etag(self) -> str: ...
+    @property
+    def mtime(self) -> float: ...
+    def stream(self, start: int, end: int) -> AsyncIterator[bytes]: ...
+
+
+def medium_response(served: Ranged, request: Request, filename: str) -> Response:
+    # no-store: the slot carries the job's token
+    return ranged_response(served, request, filename, ISO_TYPE, cache_control="no-store")
+
+
+def ranged_response(
+    served: Ranged, request: Request, filename: str, media_type: str, *, cache_control: str | None = None
+) -> Response:
     tag, total = served.etag, served.size
     headers = {
         "accept-ranges": "bytes",
         "etag": tag,
         "last-modified": http_date(served.mtime),
         "content-disposition": f'attachment; filename="{filename}"',
-        "cache-control": "no-store",  # the slot carries the job's token
     }
+    if cache_control:
+        headers["cache-control"] = cache_control
     if tag in _tags(request.headers.get("if-none-match")):
         return Response(status_code=304, headers=headers)
     rng = request.headers.get("range")
@@ -109,15 +153,15 @@ def medium_response(served: ServedMedium, request: Request, filename: str) -> Re
     try:
         span = parse_range(rng, total)
     except RangeNotSatisfiable:
-        return Response(status_code=416, headers={**headers, "content-range": f"bytes */{total}"})
+        return Response(status_code=416, headers={**headers, "content-range": content_range(None, total)})
     status, (start, end) = (200, (0, total - 1)) if span is None else (206, span)
     if status == 206:
-        headers["content-range"] = f"bytes {start}-{end}/{total}"
+        headers["content-range"] = content_range(span, total)
     headers["content-length"] = str(end - start + 1)
-    if request.method == "HEAD":
-        return Response(status_code=status, headers=headers, media_type=ISO_TYPE)
+    if request.method == "HEAD" or end < start:  # HEAD, or an empty file
+        return Response(status_code=status, headers=headers, media_type=media_type)
     return StreamingResponse(
-        served.stream(start, end), status_code=status, headers=headers, media_type=ISO_TYPE
+        served.stream(start, end), status_code=status, headers=headers, media_type=media_type
     )
 
 

@@ -81,41 +81,6 @@ def http_date(ts: float) -> str:
     return formatdate(ts, usegmt=True)
 
 
-class RangeNotSatisfiable(Exception):
-    """A syntactically valid range that starts past the end (answered with 416)."""
-
-
-def parse_range(header: str | None, total: int) -> tuple[int, int] | None:
-    """``Range: bytes=a-b`` → (start, end) inclusive, clamped to the medium; None = whole medium.
-
-    Only one range is served: a multi-range or malformed header is ignored (RFC 9110 allows that)
-    and the whole medium is sent.
-    """
-    if not header:
-        return None
-    unit, _, spec = header.strip().partition("=")
-    if unit.strip().lower() != "bytes" or "," in spec:
-        return None
-    first, dash, last = spec.strip().partition("-")
-    first, last = first.strip(), last.strip()
-    if not dash or not (first.isdigit() or last.isdigit()):
-        return None
-    if (first and not first.isdigit()) or (last and not last.isdigit()):
-        return None
-    if not first:  # suffix: the last n bytes
-        n = int(last)
-        if n == 0:
-            raise RangeNotSatisfiable
-        return max(0, total - n), total - 1
-    start = int(first)
-    end = min(int(last), total - 1) if last else total - 1
-    if start >= total:
-        raise RangeNotSatisfiable
-    if end < start:
-        return None  # invalid (last < first): ignored
-    return start, end
-
-
 def segments(start: int, end: int, layout: BaseLayout, payload: bytes) -> list[tuple[str, int, int]]:
     """Bytes ``start..end`` (inclusive) of the patched medium as pieces to send, in order:
     ``("base", offset, length)`` read from the base file, ``("slot", offset_in_slot, length)``
