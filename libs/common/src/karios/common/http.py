@@ -6,11 +6,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from karios.common.db.session import unavailable_database_error
@@ -71,12 +74,70 @@ def install_error_handlers(app: FastAPI) -> None:
             },
         )
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        return await framework_error_response(request, exc)
+
     app.add_middleware(SafeErrors)
     document_error_model(app)
     runtime = getattr(app.state, "runtime", None)
     settings = getattr(runtime, "settings", None)
     limit = getattr(settings, "max_request_body", None) or DEFAULT_MAX_BODY
     app.add_middleware(BodyLimit, max_bytes=limit)  # outermost: refuses before anything reads
+
+
+#: The ``code`` of an error the framework raises (no route, wrong method, unreadable body, …).
+HTTP_CODES = {
+    400: "BAD_REQUEST",
+    401: "UNAUTHORIZED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    406: "NOT_ACCEPTABLE",
+    409: "CONFLICT",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+    429: "TOO_MANY_REQUESTS",
+}
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app answers on the request's path (a path served by two
+    routes, e.g. ``GET`` and ``POST /controlnode/tokens``, has both; Starlette names the first's).
+    Each method is tried against the routes (``BaseRoute.matches``: included routers too)."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+    ]
+
+
+async def framework_error_response(request: Request, exc: StarletteHTTPException) -> Response:
+    """A 4xx/5xx the framework raises, in the :class:`ErrorResponse` shape: 404 for a path no route
+    serves, 405 (``Allow``: every method of the path) for another method, including ``OPTIONS``,
+    400 for a body that cannot be parsed (not UTF-8, say). Anything below 400 (the console's 303
+    to its login page) is answered as FastAPI does."""
+    status = exc.status_code
+    if status < 400:
+        return await http_exception_handler(request, exc)
+    headers = dict(exc.headers or {})
+    message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    path = request.url.path
+    if status == 404 and message == "Not Found":
+        message = f"no such path: {path}"
+    elif status == 405:
+        allowed = allowed_methods(request)
+        headers["Allow"] = ", ".join(allowed)
+        message = f"{request.method} is not allowed on {path}; allowed: {', '.join(allowed)}"
+    elif status == 400 and message == "There was an error parsing the body":
+        message = "request body could not be parsed (it must be UTF-8 JSON)"
+    code = HTTP_CODES.get(status, "INTERNAL" if status >= 500 else f"HTTP_{status}")
+    body = {"code": code, "message": message, "retryable": status in (429, 503), "detail": message}
+    return JSONResponse(status_code=status, content=body, headers=headers or None)
 
 
 _FASTAPI_422 = "#/components/schemas/HTTPValidationError"
