@@ -20,7 +20,7 @@ from karios.cli.client.shared import STATE, Watch, api, console, emit, table
 from karios.cli.client.sse import stream
 from karios.cli.client.watch import watch_jobs
 
-token_app = typer.Typer(help="API tokens (create, list, revoke) through the gateway; needs fabric_admin")
+token_app = typer.Typer(help="API tokens (create, rotate, list, revoke) via the gateway; needs fabric_admin")
 job_app = typer.Typer(help="one job: show or cancel")
 nodes_app = typer.Typer(help="compute nodes: list, adopt, show, remove")
 
@@ -191,9 +191,24 @@ def token_create(
     name: str,
     role: Annotated[str, typer.Option(help="viewer | operator | fabric_admin")] = "operator",
 ) -> None:
-    """Create (or replace) a token; it is printed once."""
+    """Create a token; it is printed once. A live token of that name is refused (rotate it)."""
     with api() as a:
         r = a.post("/controlnode/tokens", json={"name": name, "role": role})
+    _print_token(r)
+
+
+@token_app.command("rotate")
+def token_rotate(
+    name: str,
+    role: Annotated[str | None, typer.Option(help="a new role (viewer | operator | fabric_admin)")] = None,
+) -> None:
+    """A new secret for the token NAME (role kept unless --role); the old one stops working."""
+    with api() as a:
+        r = a.post(f"/controlnode/tokens/{name}/rotate", json={"role": role} if role else {})
+    _print_token(r)
+
+
+def _print_token(r: Any) -> None:
     if STATE["output"] == "json":
         emit(r)
     else:

@@ -5,7 +5,7 @@ endpoint declares the least role it needs with ``Depends(require(Role.X))``; ins
 callbacks declare none.
 
 A verified token is cached for ``token_cache_ttl`` seconds (:class:`TokenCache`), so a stalled
-database does not hang every authenticated request. Replacing or revoking a token broadcasts
+database does not hang every authenticated request. Rotating or revoking a token broadcasts
 :class:`ApiTokenChanged`; every gateway replica drops that token at once (the TTL bounds a
 missed broadcast).
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
 from karios.api_gateway.models import ApiToken
@@ -36,7 +37,7 @@ from karios.common.bus.broadcasts import ApiTokenChanged
 from karios.common.bus.runtime import Bus
 from karios.common.cache import SingleFlightCache
 from karios.common.db import Database
-from karios.common.errors import Forbidden, NotFound, ServiceUnavailable, Unauthorized
+from karios.common.errors import Conflict, Forbidden, NotFound, ServiceUnavailable, Unauthorized
 from karios.common.telemetry import get_logger
 
 log = get_logger(__name__)
@@ -83,18 +84,55 @@ async def _announce(bus: Bus | None, name: str) -> None:
 
 
 async def create_token(
-    db: Database, name: str, role: Role, token: str | None = None, *, bus: Bus | None = None
+    db: Database,
+    name: str,
+    role: Role,
+    token: str | None = None,
+    *,
+    bus: Bus | None = None,
+    replace: bool = True,
 ) -> str:
-    """Store a token (generated unless given) under ``name``; replaces an existing one of that name."""
+    """Store a token (generated unless given) under ``name``. A live token of that name is
+    replaced, or with ``replace=False`` (``POST /controlnode/tokens``) refused with
+    :class:`Conflict`; a revoked one's name may be used again."""
     token = token or new_token()
-    async with db.session() as s, s.begin():
-        row = (await s.exec(select(ApiToken).where(ApiToken.name == name))).first()
-        if row is None:
-            s.add(ApiToken(name=name, role=role.name, token_hash=hash_token(token)))
-        else:
-            row.role, row.token_hash, row.revoked = role.name, hash_token(token), False
+    try:
+        async with db.session() as s, s.begin():
+            row = (await s.exec(select(ApiToken).where(ApiToken.name == name).with_for_update())).first()
+            if row is None:
+                s.add(ApiToken(name=name, role=role.name, token_hash=hash_token(token)))
+            elif not replace and not row.revoked:
+                raise _name_taken(name)
+            else:
+                row.role, row.token_hash, row.revoked = role.name, hash_token(token), False
+    except IntegrityError as exc:  # the same name created at the same moment by another request
+        raise _name_taken(name) from exc
     await _announce(bus, name)
     return token
+
+
+def _name_taken(name: str) -> Conflict:
+    return Conflict(
+        f"an API token named {name!r} exists: rotate it (karios token rotate {name}) or revoke it first",
+        field="name",
+    )
+
+
+async def rotate_token(
+    db: Database, name: str, role: Role | None = None, *, bus: Bus | None = None
+) -> tuple[Role, str]:
+    """A new secret for the token called ``name``: its role kept unless given, a revoked one live
+    again, the old secret refused on every replica at once. Returns the role and the new token."""
+    token = new_token()
+    async with db.session() as s, s.begin():
+        row = (await s.exec(select(ApiToken).where(ApiToken.name == name).with_for_update())).first()
+        if row is None:
+            raise NotFound(f"no API token named {name!r}", field="name")
+        row.role = (role or Role[row.role]).name
+        row.token_hash, row.revoked = hash_token(token), False
+        kept = Role[row.role]
+    await _announce(bus, name)
+    return kept, token
 
 
 async def revoke_token(db: Database, name: str, *, bus: Bus | None = None) -> None:

@@ -1,9 +1,12 @@
 """``/controlnode/tokens`` — API tokens managed through the gateway (the CLI's ``karios token``).
 
-Creating, listing and revoking tokens needs a ``fabric_admin`` token (the highest role); every
-role may ask who it is (``GET /controlnode/tokens/self``, what ``karios login`` checks). A token is
-shown once, in the answer that creates it; only its SHA-256 is stored. Revocation reaches every
-gateway replica at once (broadcast), or within the token cache TTL if the bus is away.
+Creating, rotating, listing and revoking tokens needs a ``fabric_admin`` token (the highest
+role); every role may ask who it is (``GET /controlnode/tokens/self``, what ``karios login``
+checks). A token is shown once, in the answer that creates or rotates it; only its SHA-256 is
+stored. Creating a token whose name a live token has is a 409 ``CONFLICT``: replacing one is the
+explicit ``POST /controlnode/tokens/{name}/rotate`` (``karios token rotate NAME``). Rotation and
+revocation reach every gateway replica at once (broadcast), or within the token cache TTL if the
+bus is away.
 """
 
 from __future__ import annotations
@@ -14,7 +17,15 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from karios.api_gateway.auth import Principal, Role, create_token, list_tokens, require, revoke_token
+from karios.api_gateway.auth import (
+    Principal,
+    Role,
+    create_token,
+    list_tokens,
+    require,
+    revoke_token,
+    rotate_token,
+)
 from karios.common.http import ErrorResponse
 from karios.common.limits import check_text
 
@@ -34,8 +45,16 @@ _ERRORS = {
 class TokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: TokenName = Field(description="Unique name (letters, digits, . _ @ -); replaces one of that name")
+    name: TokenName = Field(
+        description="Unique name (letters, digits, . _ @ -); a live token of that name is a 409 (rotate it)"
+    )
     role: RoleName = Field("operator", description="viewer | operator | fabric_admin")
+
+
+class TokenRotate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: RoleName | None = Field(None, description="A new role; the token's own when absent")
 
 
 class TokenCreated(BaseModel):
@@ -71,16 +90,42 @@ async def tokens(request: Request, _p: Principal = Depends(require(Role.fabric_a
     "/tokens",
     response_model=TokenCreated,
     status_code=201,
-    summary="Create (or replace) an API token; the token is shown once",
-    responses={**_ERRORS, 422: {"model": ErrorResponse, "description": "Invalid field (named in `field`)"}},
+    summary="Create an API token; the token is shown once",
+    responses={
+        **_ERRORS,
+        409: {"model": ErrorResponse, "description": "A live token has this name (rotate or revoke it)"},
+        422: {"model": ErrorResponse, "description": "Invalid field (named in `field`)"},
+    },
 )
 async def create(
     body: TokenCreate, request: Request, _p: Principal = Depends(require(Role.fabric_admin))
 ) -> TokenCreated:
     check_text(body.name)
     rt = request.app.state.runtime
-    token = await create_token(rt.db, body.name, Role[body.role], bus=rt.bus)
+    token = await create_token(rt.db, body.name, Role[body.role], bus=rt.bus, replace=False)
     return TokenCreated(name=body.name, role=body.role, token=token)
+
+
+@router.post(
+    "/tokens/{name}/rotate",
+    response_model=TokenCreated,
+    summary="Rotate an API token: a new secret under the same name (the old one stops working); shown once",
+    responses={
+        **_ERRORS,
+        404: {"model": ErrorResponse, "description": "No token of that name"},
+        422: {"model": ErrorResponse, "description": "Invalid field (named in `field`)"},
+    },
+)
+async def rotate(
+    request: Request,
+    name: str = Path(min_length=1, max_length=200),
+    body: TokenRotate | None = None,
+    _p: Principal = Depends(require(Role.fabric_admin)),
+) -> TokenCreated:
+    rt = request.app.state.runtime
+    wanted = Role[body.role] if body is not None and body.role is not None else None
+    role, token = await rotate_token(rt.db, name, wanted, bus=rt.bus)
+    return TokenCreated(name=name, role=role.name, token=token)
 
 
 @router.delete(
