@@ -13,6 +13,7 @@ PKGS=(
   git                                                               # bootapi template sync
   qemu-system-x86 ipxe                                              # real iPXE client (bootapi)
   qemu-utils ovmf socat zstd                                        # installs/wipes booted in a VM
+  mawk gawk busybox                                                 # callbacks' JSON under every awk it meets
   mmdebstrap apt-cacher-ng                                          # image builds, installer proxy
   prometheus                                                        # dashboards/alerts (promtool) against a real Prometheus
   chromium chromium-driver                                          # the web console in a real browser (Selenium)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +20,7 @@ from karios.provisioner.install.image import ImageMethod, installed_cmdline, net
 from karios.provisioner.install.live import keep_modules, net_env, render_init
 from karios.provisioner.install.wipe import WipeMethod
 from karios.provisioner.media.cpio import read_initrd
+from tests.fixtures.apps import REQUIRE, free_port
 from tests.fixtures.installs import initrd_with_overlay
 
 
@@ -165,26 +171,138 @@ def test_keep_modules_keeps_the_dependency_closure(tmp_path: Path) -> None:
     assert sorted(p.stem for p in kdir.iterdir()) == ["async_xor", "raid456", "virtio_blk", "virtio_ring"]
 
 
-def test_callback_json_encoding_survives_quotes_newlines_and_empty(tmp_path: Path) -> None:
-    """The scripts' ``json_str`` (shell + awk) makes valid JSON strings of log lines."""
-    import json
-
-    script = WipeMethod(_cfg(tmp_path)).render_wipe_script(_ctx())
-    fn = re.search(r"^json_str\(\) \{.*?^\}", script, re.S | re.M)
-    assert fn
-    values = ["", "plain", 'quote " and back\\slash', "line1\nline2\ttab"]
-    prog = fn.group(0) + "\n" + "".join(f"json_str {shlex_quote(v)}; echo\n" for v in values)
-    out = subprocess.run(["sh", "-c", prog], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert [json.loads(line) for line in out] == ["", "plain", 'quote " and back\\slash', "line1\nline2 tab"]
-    fn = re.search(r"^json_lines\(\) \{.*?^\}", script, re.S | re.M)
-    assert fn
-    prog = fn.group(0) + "\n" + "".join(f"json_lines {shlex_quote(v)}; echo\n" for v in values)
-    out = subprocess.run(["sh", "-c", prog], capture_output=True, text=True, check=True).stdout.splitlines()
-    expected = [[], ["plain"], ['quote " and back\\slash'], ["line1", "line2 tab"]]
-    assert [json.loads(line) for line in out] == expected
+#: The awks the callbacks meet: mawk in the live environment (Debian's required awk), gawk on a
+#: developer's host, busybox awk in debian-installer. Each is the apt package of the same name.
+AWKS = ("mawk", "gawk", "busybox")
 
 
-def shlex_quote(v: str) -> str:
-    import shlex
+@pytest.fixture(params=AWKS)
+def awk_path(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A ``PATH`` whose ``awk`` is the implementation named (busybox dispatches on the name)."""
+    name = request.param
+    exe = shutil.which(name)
+    if exe is None:
+        reason = f"{name} is not installed (apt-get install {name}; tests/lab/setup.sh installs it in CI)"
+        if REQUIRE:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    bindir = tmp_path / f"awk-{name}"
+    bindir.mkdir()
+    (bindir / "awk").symlink_to(exe)
+    return f"{bindir}{os.pathsep}{os.environ['PATH']}"
 
-    return shlex.quote(v)
+
+def _callbacks(script: str) -> str:
+    """The callbacks block of a rendered script: its settings and functions, none of its prelude."""
+    return script[script.index("# -- Karios callbacks") : script.index("# Everything below goes to the log")]
+
+
+#: Every kind of byte a message carries: zstd's backslash, quotes, control characters, tabs,
+#: newlines (inside and at the end), non-ASCII UTF-8 of 2, 3 and 4 bytes.
+MESSAGES = [
+    "",
+    "plain",
+    "/*stdin*\\ : Decoding error (36) : Data corruption detected",
+    'quote " and back\\slash, two \\\\ and a last one\\',
+    "line1\nline2\ttab\r\n",
+    "ctl \x01\x08\x0c\x1b\x1f del \x7f",
+    "UTF-8: é ü 日本 🚀",
+    "trailing newline\n",
+]
+
+
+def test_callback_json_encoding_is_exact_under_every_awk(tmp_path: Path, awk_path: str) -> None:
+    """``json_str``/``json_lines`` under mawk, gawk and busybox awk: Python's json gives back the
+    original message byte for byte; a byte that is not UTF-8 becomes U+FFFD."""
+    fns = _callbacks(WipeMethod(_cfg(tmp_path)).render_wipe_script(_ctx()))
+    env = {"PATH": awk_path, **{f"V{i}": v for i, v in enumerate(MESSAGES)}}
+    for fn in ("json_str", "json_lines"):
+        prog = fns + "".join(f'{fn} "$V{i}"; echo\n' for i in range(len(MESSAGES)))
+        out = subprocess.run(["sh", "-c", prog], env=env, capture_output=True, check=True).stdout
+        got = [json.loads(line) for line in out.decode().split("\n")[:-1]]
+        if fn == "json_str":
+            assert [g.encode() for g in got] == [m.encode() for m in MESSAGES]
+        else:
+            assert got == [m.removesuffix("\n").split("\n") if m else [] for m in MESSAGES]
+    bad = subprocess.run(
+        ["sh", "-c", fns + 'json_str "$V"'],
+        env={b"PATH": awk_path.encode(), b"V": b"\xff bad \xc3 cut \xe6\x97 \xed\xa0\x80 \xc3\xa9"},
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert json.loads(bad) == "\ufffd bad \ufffd cut \ufffd\ufffd \ufffd\ufffd\ufffd é"
+
+
+class _Callbacks(ThreadingHTTPServer):
+    """A stand-in callback endpoint: answers each POST with the next status of ``answers`` (then
+    200 to well-formed JSON, 422 to anything else) and keeps what it was sent."""
+
+    def __init__(self, answers: list[int]) -> None:
+        self.answers, self.got = list(answers), []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(h) -> None:
+                body = h.rfile.read(int(h.headers["Content-Length"]))
+                self.got.append((h.path, h.headers["X-Karios-Job-Token"], body))
+                if self.answers:
+                    code = self.answers.pop(0)
+                else:
+                    try:
+                        json.loads(body)
+                        code = 200
+                    except ValueError:
+                        code = 422
+                h.send_response(code)
+                h.send_header("Content-Length", "0")
+                h.end_headers()
+
+            def log_message(h, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", free_port()), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/controlnode"
+
+
+def _report_failed(tmp_path: Path, awk_path: str, answers: list[int]) -> tuple[int, list, str]:
+    srv = _Callbacks(answers)
+    try:
+        fns = _callbacks(WipeMethod(_cfg(tmp_path)).render_wipe_script(_ctx(callback_base=srv.url)))
+        res = subprocess.run(
+            ["sh", "-c", fns + 'report_failed "$S" "$M" "$L"'],
+            env={"PATH": awk_path, "S": "base-system", "M": MESSAGES[2] + " é\tx", "L": "a\\b\nc"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    return res.returncode, srv.got, res.stderr
+
+
+def test_refused_failure_report_falls_back_to_safe_text(tmp_path: Path, awk_path: str) -> None:
+    """A failure report the server refuses (422: it could not parse it) is not retried as is: the
+    same failure follows in safe ASCII without the log, so it always arrives."""
+    rc, got, err = _report_failed(tmp_path, awk_path, [422])
+    assert rc == 0, err
+    assert [(p, t) for p, t, _ in got] == [("/controlnode/job/job-1/step", "tok'en$1")] * 2
+    first, second = (json.loads(b) for _, _, b in got)
+    assert first["message"] == MESSAGES[2] + " é\tx" and first["log"] == ["a\\b", "c"]
+    assert second == {
+        "step": "base-system",
+        "state": "failed",
+        "percent": 0,
+        "message": "/*stdin*? : Decoding error (36) : Data corruption detected ???x",
+    }
+    assert "refused (HTTP 422)" in err
+
+
+def test_failure_report_is_retried_on_5xx_not_reduced(tmp_path: Path, awk_path: str) -> None:
+    """503 (provisioner unavailable) is retried with the same body; no reduced report."""
+    rc, got, err = _report_failed(tmp_path, awk_path, [503])
+    assert rc == 0, err
+    assert len(got) == 2 and got[0][2] == got[1][2] and b'"log"' in got[1][2]
