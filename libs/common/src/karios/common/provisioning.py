@@ -46,6 +46,22 @@ def normalize_disk(disk: str) -> str:
     return d if d.startswith("/dev/") else f"/dev/{d}"
 
 
+def check_disks_known(selected: list[str], known: list[str]) -> None:
+    """422 naming ``selected_disks`` and the unknown names when the inventory lists the server's
+    disks (``known``) and a selected disk is not among them; no disks known → nothing to check."""
+    if not known:
+        return
+    have = {d.removeprefix("/dev/") for d in known}
+    unknown = [d.removeprefix("/dev/") for d in selected if d.removeprefix("/dev/") not in have]
+    if unknown:
+        raise ValidationFailed(
+            f"selected_disks: {', '.join(unknown)} not among the server's disks in the inventory "
+            f"({', '.join(sorted(have))})",
+            field="selected_disks",
+            details={"unknown": unknown, "inventory": sorted(have)},
+        )
+
+
 def check_vendor(vendor: str, field: str = "vendor") -> str:
     v = (vendor or "generic").strip().lower()
     if v not in VENDORS:

@@ -46,6 +46,7 @@ from karios.common.errors import NotFound
 from karios.common.limits import Ident
 from karios.common.provisioning import (
     TERMINAL_STATES,
+    check_disks_known,
     refuse_second_job,
     validate_provision,
     validate_unprovision,
@@ -75,17 +76,22 @@ async def _refuse_running(request: Request, bmc_ip: str) -> None:
     refuse_second_job(bmc_ip, row.id if row is not None else None)
 
 
-async def _known_bmc(request: Request, bmc_ip: str, field: str) -> None:
-    """404 naming ``field`` when the inventory has no device with this BMC (before any work)."""
+async def _known_bmc(request: Request, spec: ProvisionSpec, field: str) -> None:
+    """404 naming ``field`` when the inventory has no device with this BMC; 422 naming
+    ``selected_disks`` when it lists the device's disks and a selected one is not among them
+    (both before any work)."""
     rt = request.app.state.runtime
     try:
-        await rt.bus.request(
+        hw = await rt.bus.request(
             rt.bus.subjects.query("inventory", "bmc_hardware"),
-            BmcHardwareQuery(bmc_ip=bmc_ip),
+            BmcHardwareQuery(bmc_ip=spec.bmc_ip),
             reply=BmcHardware,
         )
     except NotFound:
-        raise NotFound(f"{field}: no device with BMC IP {bmc_ip} in the inventory", field=field) from None
+        raise NotFound(
+            f"{field}: no device with BMC IP {spec.bmc_ip} in the inventory", field=field
+        ) from None
+    check_disks_known(spec.selected_disks, [d.name for d in hw.disks])
 
 
 async def _accept(
@@ -93,7 +99,7 @@ async def _accept(
 ) -> JSONResponse:
     rt = request.app.state.runtime
     await _refuse_running(request, cmd.spec.bmc_ip)
-    await _known_bmc(request, cmd.spec.bmc_ip, field)
+    await _known_bmc(request, cmd.spec, field)
     async with _db(request).session() as s, s.begin():
         s.add(
             JobRow(
