@@ -4,8 +4,9 @@ provisioner and gateway.
 
 A provision job on the emulator whose first-boot callback is posted (as the installed OS does)
 makes the node a compute node of the fabric's node set, with the credentials the installer set;
-a repeated first boot does not duplicate it. Unauthenticated callbacks answer the same way
-whether or not the job or BMC exists (no existence oracle), and the OpenAPI document says so.
+a repeated first boot is refused and neither duplicates nor moves it. Unauthenticated callbacks
+answer the same way whether or not the job or BMC exists (no existence oracle), and the OpenAPI
+document says so.
 """
 
 from __future__ import annotations
@@ -137,9 +138,11 @@ async def test_first_boot_registers_the_node_as_a_compute_node_once(stack, setti
     box = SecretBox.from_settings(settings)
     assert box.decrypt(access.os_password_enc, context=password_context(OS_IP)) == OS_PASSWORD
 
-    # A repeated first boot (the OS retried) answers the job again and does not duplicate the node.
-    r = await c.post("/controlnode/firstboot", json={"bmc_ip": BMCS[0], "os_ip": OS_IP}, headers=h)
-    assert r.status_code == 200 and r.json()["state"] == "completed", r.text
+    # A repeated first boot is refused (the token of a completed job accepts nothing: issue 24
+    # S1) and neither duplicates nor moves the node.
+    for ip in (OS_IP, "10.96.1.22"):
+        r = await c.post("/controlnode/firstboot", json={"bmc_ip": BMCS[0], "os_ip": ip}, headers=h)
+        assert r.status_code == 409 and "no longer accepts /firstboot" in r.json()["message"], r.text
     listed = [n for n in (await c.get("/controlnode/nodes?limit=1000", headers=ADMIN)).json()["items"]]
     assert [n["node_ip"] for n in listed if n["bmc_ip"] == BMCS[0]] == [OS_IP]
     rows = await _sql(

@@ -15,7 +15,7 @@ from karios.common.bus.runtime import Bus
 from karios.common.bus.subjects import Subjects
 from karios.common.contracts.base import Contract
 from karios.common.contracts.provision import (
-    CallbackRequest,
+    CallbackRequestV2,
     CancelJob,
     JobView,
     QueueEntry,
@@ -37,15 +37,15 @@ class Recorder:
     async def handle_start(self, cmd: StartProvision) -> None:
         self.calls.append(("start", cmd))
 
-    async def step(self, req: CallbackRequest) -> JobView:
+    async def step(self, req: CallbackRequestV2) -> JobView:
         self.calls.append(("step", req))
         return self._view(req.job_id, "installing")
 
-    async def complete(self, req: CallbackRequest) -> JobView:
+    async def complete(self, req: CallbackRequestV2) -> JobView:
         self.calls.append(("complete", req))
         return self._view(req.job_id, "first_boot")
 
-    async def firstboot(self, req: CallbackRequest) -> JobView:
+    async def firstboot(self, req: CallbackRequestV2) -> JobView:
         self.calls.append(("firstboot", req))
         return self._view(req.job_id, "completed")
 
@@ -80,8 +80,13 @@ def _wire(model: Contract) -> bytes:
 
 async def test_installer_step_reaches_the_use_case_typed_with_message_and_log():
     bus, rec = _bus()
-    req = CallbackRequest(
-        job_id="j1", token="t", step="mirror", state="failed", message="Bad mirror", log=["a", "b"]
+    req = CallbackRequestV2(
+        job_id="j1",
+        token_sha256="ab" * 32,
+        step="mirror",
+        state="failed",
+        message="Bad mirror",
+        log=["a", "b"],
     )
     async with TestNatsBroker(bus.broker) as br:
         reply = await br.request(_wire(req), bus.subjects.request("provision", "step"))
@@ -99,7 +104,7 @@ async def test_each_request_subject_calls_its_own_use_case():
     async with TestNatsBroker(bus.broker) as br:
         for verb in ("complete", "firstboot"):
             await br.request(
-                _wire(CallbackRequest(job_id=f"j-{verb}")), bus.subjects.request("provision", verb)
+                _wire(CallbackRequestV2(job_id=f"j-{verb}")), bus.subjects.request("provision", verb)
             )
         cancel = await br.request(_wire(CancelJob(job_id="j9")), bus.subjects.request("provision", "cancel"))
         queue = await br.request(_wire(QueueQuery()), bus.subjects.query("provision", "queue"))
@@ -110,7 +115,7 @@ async def test_each_request_subject_calls_its_own_use_case():
 
 async def test_a_malformed_callback_is_an_error_reply_naming_the_field_and_reaches_nothing():
     bus, rec = _bus()
-    bad = {"type": CallbackRequest.TYPE, "source": "x", "data": {"job_id": "j", "percent": "lots"}}
+    bad = {"type": CallbackRequestV2.TYPE, "source": "x", "data": {"job_id": "j", "percent": "lots"}}
     async with TestNatsBroker(bus.broker) as br:
         reply = await br.request(json.dumps(bad), bus.subjects.request("provision", "step"))
     err = json.loads(reply.body)["error"]

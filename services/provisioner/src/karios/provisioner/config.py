@@ -44,6 +44,12 @@ class ProvisionerConfig(BaseSettings):
         0.5, gt=0, description="Seconds between admission checks while jobs wait (a local slot frees at once)"
     )
     stage_deadline: float = Field(1800.0, gt=0, description="Seconds without a step before a job is stuck")
+    firstboot_window: float = Field(
+        3600.0,
+        gt=0,
+        description="Seconds after the installer's /complete during which the job token is good for one "
+        "/firstboot (then never again)",
+    )
     stuck_check_interval: float = Field(10.0, gt=0)
     # Worker lease (resume after a crash, share work between replicas): a replica renews the
     # lease of the jobs it works every lease_seconds/3; every claim_interval it claims up to

@@ -8,7 +8,7 @@ from karios.common.bus.runtime import Bus
 from karios.common.contracts.provision import (
     Admission,
     AdmissionQuery,
-    CallbackRequest,
+    CallbackRequestV2,
     CancelJob,
     JobView,
     QueueEntry,
@@ -19,9 +19,9 @@ from karios.common.contracts.provision import (
 
 class UseCases(Protocol):
     async def handle_start(self, cmd: StartProvision) -> None: ...
-    async def step(self, req: CallbackRequest) -> JobView: ...
-    async def complete(self, req: CallbackRequest) -> JobView: ...
-    async def firstboot(self, req: CallbackRequest) -> JobView: ...
+    async def step(self, req: CallbackRequestV2) -> JobView: ...
+    async def complete(self, req: CallbackRequestV2) -> JobView: ...
+    async def firstboot(self, req: CallbackRequestV2) -> JobView: ...
     async def cancel(self, req: CancelJob) -> JobView: ...
     async def queue(self) -> list[QueueEntry]: ...
     async def admission(self) -> Admission: ...
@@ -40,9 +40,9 @@ def wire(bus: Bus, svc: UseCases) -> None:
         return await svc.admission()
 
     bus.command_handler("provision", StartProvision, on_start, verb="start", concurrency=32)
-    bus.query_responder(subjects.request("provision", "step"), CallbackRequest, svc.step)
-    bus.query_responder(subjects.request("provision", "complete"), CallbackRequest, svc.complete)
-    bus.query_responder(subjects.request("provision", "firstboot"), CallbackRequest, svc.firstboot)
+    bus.query_responder(subjects.request("provision", "step"), CallbackRequestV2, svc.step)
+    bus.query_responder(subjects.request("provision", "complete"), CallbackRequestV2, svc.complete)
+    bus.query_responder(subjects.request("provision", "firstboot"), CallbackRequestV2, svc.firstboot)
     bus.query_responder(subjects.request("provision", "cancel"), CancelJob, svc.cancel)
     bus.query_responder(subjects.query("provision", "queue"), QueueQuery, on_queue)
     bus.query_responder(subjects.query("provision", "admission"), AdmissionQuery, on_admission)

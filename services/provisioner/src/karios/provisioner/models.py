@@ -33,6 +33,9 @@ class Job(SQLModel, table=True):
     token_hash: str = Field(default="", max_length=64)
     os_ip: str = Field(default="", max_length=64)
     os_password_enc: str | None = None
+    # when the installer's /complete was accepted: the token is then good for one /firstboot
+    # within KARIOS_PROVISIONER_FIRSTBOOT_WINDOW, nothing else (jobs/tokens.py)
+    installed_at: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
     stage_deadline: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
     # Worker phase (queued → building_media → mounting → booting): the replica working the job
     # holds a lease it renews; an expired lease lets any replica claim and resume the job.

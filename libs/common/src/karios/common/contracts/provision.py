@@ -11,6 +11,7 @@ verdict (401 wrong token, 409 finished job) synchronously.
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -80,21 +81,48 @@ class JobProgress(Event):
     log_tail: list[str] = Field(default_factory=list)  # the installer's last log lines (≤ 50)
 
 
-class CallbackRequest(Query):
-    """An installer callback relayed by the gateway (``req.provision.step|complete|firstboot``)."""
+class InstallerReport(BaseModel):
+    """What an installer callback says (both versions of the callback request)."""
 
-    TYPE = "karios.provision.callback.v1"
-
-    job_id: str = ""
-    token: str = ""
     step: str = ""
     state: str = ""  # active | done | failed
     percent: int | None = None
     message: str = ""  # the installer's own words (≤ 1 KB kept)
     log: list[str] = Field(default_factory=list)  # the installer's last log lines (≤ 50 × 300 kept)
     os_ip: str = ""
-    os_password_enc: str | None = None
-    bmc_ip: str = ""
+    os_password_enc: str | None = None  # SecretBox, context "os-job:<job_id>"
+    bmc_ip: str = ""  # firstboot
+
+
+class CallbackRequest(InstallerReport, Query):
+    """An installer callback relayed by the gateway (``req.provision.step|complete|firstboot``).
+
+    Superseded by :class:`CallbackRequestV2` (this version carried the job token in clear); no
+    longer sent or accepted."""
+
+    TYPE = "karios.provision.callback.v1"
+
+    job_id: str = ""
+    token: str = ""
+
+
+def job_token_hash(token: str) -> str:
+    """The job token as the provisioner stores it and the bus carries it: SHA-256, hex."""
+    return hashlib.sha256(token.encode()).hexdigest() if token else ""
+
+
+class CallbackRequestV2(InstallerReport, Query):
+    """An installer callback relayed by the gateway (``req.provision.step|complete|firstboot``).
+
+    The job token never travels: the gateway sends its SHA-256 (:func:`job_token_hash`), which the
+    provisioner compares in constant time with the job's. Which callback a token is good for, in
+    which job state and how many times, is the provisioner's rule (docs/provisioning.md).
+    """
+
+    TYPE = "karios.provision.callback.v2"
+
+    job_id: str = ""  # step, complete (firstboot names the BMC instead)
+    token_sha256: str = ""  # SHA-256 (hex) of the job token the installer presented; "" = none
 
 
 class CancelJob(Query):

@@ -2,7 +2,9 @@
 callbacks the boot medium makes (``/job/{id}/step``, ``/job/{id}/complete``, ``/firstboot``).
 
 Callbacks carry the per-job token the medium embeds (``X-Karios-Job-Token`` header or
-``?token=``), never an operator token; an unknown job and a wrong token get the same answer.
+``?token=``), never an operator token; an unknown job and a wrong token get the same answer. The
+token is hashed here: only its SHA-256 goes on the bus. A token is good only for the callback its
+job's state expects (provisioner ``jobs/tokens.py``): anything else is a 409 naming why.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from karios.api_gateway.readmodel import (
 )
 from karios.api_gateway.routes.provision import JobId, _db
 from karios.common.contracts.provision import (
-    CallbackRequest,
+    CallbackRequestV2,
     CancelJob,
     JobView,
+    job_token_hash,
 )
 from karios.common.crypto import SecretBox
 from karios.common.errors import Conflict, NotFound
@@ -124,7 +127,9 @@ _CALLBACK = {
     404: {"model": ErrorResponse, "description": "Never for an unknown job or BMC (those answer 401)"},
     409: {
         "model": ErrorResponse,
-        "description": "The job has ended, was superseded, or has not finished installing",
+        "description": "The job's state does not accept this callback with its token (ended, superseded, "
+        "already completed, not finished installing, first-boot window closed), or the first boot "
+        "would move a registered node to another address; `message` says which",
     },
     422: {"model": ErrorResponse, "description": "Invalid field (named in `field`)"},
     503: {"model": ErrorResponse, "description": "Provisioner unavailable"},
@@ -135,8 +140,9 @@ def installer_token(
     x_karios_job_token: str | None = Header(None, description="The job token baked into the boot medium"),
     token: str | None = Query(None, description="The job token (for installers that cannot set headers)"),
 ) -> str:
-    """Installer callbacks authenticate with their job's token, not an operator token."""
-    return x_karios_job_token or token or ""
+    """Installer callbacks authenticate with their job's token, not an operator token: its SHA-256
+    (what the provisioner compares and the bus may carry), "" when none was given."""
+    return job_token_hash(x_karios_job_token or token or "")
 
 
 @router.post(
@@ -155,9 +161,9 @@ async def step(
     job_token: str = Depends(installer_token),
 ) -> JobView:
     rt = request.app.state.runtime
-    req = CallbackRequest(
+    req = CallbackRequestV2(
         job_id=id,
-        token=job_token,
+        token_sha256=job_token,
         step=body.step,
         state=body.state,
         percent=body.percent,
@@ -181,9 +187,9 @@ async def complete(
 ) -> dict:
     rt = request.app.state.runtime
     box: SecretBox = request.app.state.secret_box
-    req = CallbackRequest(
+    req = CallbackRequestV2(
         job_id=id,
-        token=job_token,
+        token_sha256=job_token,
         os_ip=body.os_ip,
         os_password_enc=box.encrypt(body.os_password, context=f"os-job:{id}") if body.os_password else None,
         message=bound_message(body.message),
@@ -204,5 +210,5 @@ async def firstboot(
     job_token: str = Depends(installer_token),
 ) -> dict:
     rt = request.app.state.runtime
-    req = CallbackRequest(token=job_token, bmc_ip=str(body.bmc_ip), os_ip=str(body.os_ip))
+    req = CallbackRequestV2(token_sha256=job_token, bmc_ip=str(body.bmc_ip), os_ip=str(body.os_ip))
     return await rt.bus.request(rt.bus.subjects.request("provision", "firstboot"), req, reply=JobView)

@@ -5,27 +5,40 @@ step in state ``failed`` fails the job at once with "<stage label>: <installer m
 installer's last log lines.
 
 No existence oracle: an unknown job or BMC answers exactly like a wrong token (401 "invalid job
-token"); 404 and 409 are only ever said to a caller holding a valid token. First boot registers
-the node as a compute node of the fabric (credentials as the installer set them); a repeated
-first boot of the completed job registers it again (idempotent) and answers the job.
+token"); 404 and 409 are only ever said to a caller holding a valid token. The token arrives as
+its SHA-256 (the gateway hashes it; the bus never carries it) and is good only for what its
+job's state expects (:mod:`.tokens`: steps and one /complete while installing, then one
+/firstboot within the window, then nothing), checked again under the row lock of the move.
+First boot registers the node as a compute node of the fabric (credentials as the installer
+set them) at the address it reports, unless that would move a node: an address other than the
+one reported at /complete, or another BMC's compute node, is a 409 for an operator to settle.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from karios.common.contracts.inventory import RegisterNode
-from karios.common.contracts.nodes import ComputeNode, RegisterComputeNode, password_context
-from karios.common.contracts.provision import CallbackRequest, JobView
+from karios.common.contracts.nodes import (
+    ComputeNode,
+    ComputeNodeQuery,
+    RegisterComputeNode,
+    password_context,
+)
+from karios.common.contracts.provision import CallbackRequestV2, JobView
 from karios.common.errors import Conflict, KariosError, NotFound, Unauthorized
 from karios.common.provisioning import bound_log, bound_message
 from karios.common.telemetry import get_logger
 from karios.provisioner import metrics
 from karios.provisioner.install import INSTALL_STAGES, WIPE_STAGES, Stage, stage_of
+from karios.provisioner.jobs import tokens
 from karios.provisioner.jobs.hostctx import DEFAULT_OS_PASSWORD
 from karios.provisioner.jobs.ports import CallbackPort
+from karios.provisioner.jobs.repository import now
+from karios.provisioner.jobs.tokens import Callback, TokenState
 from karios.provisioner.models import Job
-from karios.provisioner.statemachine import INFO, State, is_terminal
+from karios.provisioner.statemachine import INFO, State
 
 log = get_logger(__name__)
 
@@ -33,11 +46,18 @@ log = get_logger(__name__)
 INVALID_TOKEN = "invalid job token"  # noqa: S105 (a message, not a secret)
 
 
-def verify(job: Job, token: str, token_hash: str) -> None:
-    if not token or not hmac.compare_digest(token_hash, job.token_hash):
-        raise Unauthorized(INVALID_TOKEN)
-    if is_terminal(job.state):
-        raise Conflict(f"job {job.id} is already {job.state}", details={"state": job.state})
+def token_matches(job: Job, token_sha256: str) -> bool:
+    """The presented token (as its SHA-256) is the job's, compared in constant time."""
+    return bool(token_sha256) and hmac.compare_digest(token_sha256, job.token_hash)
+
+
+def accepts(svc: CallbackPort, cb: Callback) -> Callable[[Job], None]:
+    """The token rule for ``cb`` as a check of a job row (409 naming why it is refused)."""
+
+    def check(job: Job) -> None:
+        tokens.check(cb, TokenState.of(job), now(), svc.cfg.firstboot_window)
+
+    return check
 
 
 def view(job: Job) -> JobView:
@@ -66,75 +86,107 @@ async def _load(svc: CallbackPort, job_id: str) -> Job:
         raise Unauthorized(INVALID_TOKEN) from None
 
 
-async def _current(svc: CallbackPort, req: CallbackRequest) -> Job:
+async def _current(svc: CallbackPort, req: CallbackRequestV2, cb: Callback) -> Job:
     job = await _load(svc, req.job_id)
-    verify(job, req.token, svc.token_hash(req.token))
+    if not token_matches(job, req.token_sha256):
+        raise Unauthorized(INVALID_TOKEN)
+    accepts(svc, cb)(job)
     newer = await svc.repo.newer_than(job)
     if newer is not None:
         raise Conflict(f"job {job.id} was superseded by job {newer} for BMC {job.bmc_ip}")
     return job
 
 
-async def step(svc: CallbackPort, req: CallbackRequest) -> JobView:
-    job = await _current(svc, req)
+async def step(svc: CallbackPort, req: CallbackRequestV2) -> JobView:
+    job = await _current(svc, req, Callback.step)
     stage = stage_of(stages_of(svc, job), req.step)
     label = stage.label if stage else req.step
     said = bound_message(req.message)
     extra = {"log_tail": bound_log(req.log)} if req.log else {}
+    guard = accepts(svc, Callback.step)
     if req.state == "failed":
         text = f"{label}: {said or f'installer step {req.step} failed'}"
         metrics.installer_failed(job.vendor, stage.key if stage else None)
-        job = await svc.move(job.id, State.failed, text, **extra)
+        job = await svc.move(job.id, State.failed, text, guard=guard, **extra)
         return view(job)
     percent = req.percent if req.percent is not None else (stage.percent if stage else None)
     percent = max(50, min(89, percent)) if percent is not None else None
-    target = State.first_boot if job.state == State.first_boot else State.installing
-    if job.state == State.stuck and job.os_ip:
-        target = State.first_boot
     text = f"{label}: {said or req.state}"
-    job = await svc.move(job.id, target, text, percent=percent, fact="job.step", **extra)
+    target = tokens.target(Callback.step, job.job_type)
+    job = await svc.move(job.id, target, text, percent=percent, fact="job.step", guard=guard, **extra)
     return view(job)
 
 
-async def complete(svc: CallbackPort, req: CallbackRequest) -> JobView:
-    job = await _current(svc, req)
+async def complete(svc: CallbackPort, req: CallbackRequestV2) -> JobView:
+    job = await _current(svc, req, Callback.complete)
     enc = req.os_password_enc
     extra = {"log_tail": bound_log(req.log)} if req.log else {}
+    guard = accepts(svc, Callback.complete)
     if job.state == State.booting:
-        await svc.move(job.id, State.installing, "installer reported completion")
+        await svc.move(job.id, State.installing, "installer reported completion", guard=guard)
     job = await svc.move(
         job.id,
         State.first_boot,
         "OS installed; waiting for first boot",
         os_ip=req.os_ip or job.os_ip,
+        installed_at=now(),  # the token is now good for one /firstboot, nothing else
+        guard=guard,
         **({"os_password_enc": enc} if enc else {}),
         **extra,
     )
-    if job.job_type == "unprovision":
+    if tokens.target(Callback.complete, job.job_type) == State.completed:  # unprovision: done
         job = await svc.move(job.id, State.completed, bound_message(req.message) or "disks wiped")
     return view(job)
 
 
-async def firstboot(svc: CallbackPort, req: CallbackRequest) -> JobView:
+async def firstboot(svc: CallbackPort, req: CallbackRequestV2) -> JobView:
     job_id = await svc.repo.latest_for_bmc(req.bmc_ip)
     if job_id is None:
         raise Unauthorized(INVALID_TOKEN)  # as for a wrong token: no oracle of known BMCs
     job = await _load(svc, job_id)
-    th = svc.token_hash(req.token)
-    if not (req.token and hmac.compare_digest(th, job.token_hash)):
-        old = await svc.repo.with_token(req.bmc_ip, th) if req.token else None
+    if not token_matches(job, req.token_sha256):
+        old = await svc.repo.with_token(req.bmc_ip, req.token_sha256) if req.token_sha256 else None
         if old is not None:
             raise Conflict(f"job {old} was superseded by a newer job for BMC {req.bmc_ip}")
         raise Unauthorized(INVALID_TOKEN)
-    if job.state == State.completed:  # a repeated first boot: register again (idempotent)
-        await register(svc, job, req.os_ip or job.os_ip)
-        return view(job)
-    verify(job, req.token, th)
-    if job.state in (State.booting, State.installing):
-        raise Conflict(f"job {job.id} has not finished installing")
-    job = await svc.move(job.id, State.completed, f"first boot from {req.os_ip}", os_ip=req.os_ip)
-    await register(svc, job, req.os_ip or job.os_ip)
+    guard = accepts(svc, Callback.firstboot)
+    guard(job)
+    os_ip = req.os_ip or job.os_ip
+    await refuse_move(svc, job, os_ip)
+    job = await svc.move(job.id, State.completed, f"first boot from {os_ip}", os_ip=os_ip, guard=guard)
+    await register(svc, job, os_ip)
     return view(job)
+
+
+async def refuse_move(svc: CallbackPort, job: Job, os_ip: str) -> None:
+    """409 when registering ``job``'s node at ``os_ip`` would move a node without an operator:
+    the installer reported another address at /complete, or ``os_ip`` is another BMC's node."""
+    if job.os_ip and os_ip != job.os_ip:
+        raise Conflict(
+            f"job {job.id}: the installer reported os_ip {job.os_ip} at /complete and the first boot "
+            f"reports {os_ip}; an operator must register the node at its new address",
+            details={"job_id": job.id, "os_ip": job.os_ip, "reported": os_ip},
+        )
+    if not os_ip:
+        return
+    try:
+        node = await svc.bus.request(
+            svc.bus.subjects.query("inventory", "compute_node"),
+            ComputeNodeQuery(node_ip=os_ip),
+            reply=ComputeNode,
+        )
+    except NotFound:
+        return
+    except KariosError as exc:  # the inventory is away: register() will not reach it either
+        log.warning("could not check the first boot's address", job_id=job.id, error=exc.message)
+        return
+    if node.bmc_ip != job.bmc_ip:
+        owner = f"BMC {node.bmc_ip}" if node.bmc_ip else f"a node {node.source}"
+        raise Conflict(
+            f"job {job.id}: os_ip {os_ip} is the address of the compute node of {owner}; an operator "
+            "must remove that node before this one may register there",
+            details={"job_id": job.id, "os_ip": os_ip, "bmc_ip": node.bmc_ip},
+        )
 
 
 def _request(job: Job) -> dict:

@@ -35,7 +35,7 @@ class JobSteps(JobStore, Protocol):
     async def load(self, job_id: str) -> Job: ...
 
     async def move(self, job_id: str, target: State, message: str = "", **options: Any) -> Job:
-        """``options``: ``percent``, ``fact``, ``owned`` and column values, as
+        """``options``: ``percent``, ``fact``, ``owned``, ``guard`` and column values, as
         :meth:`~karios.provisioner.jobs.service.JobService.move` takes them."""
         ...
 
@@ -46,8 +46,6 @@ class CallbackPort(JobSteps, Protocol):
     bus: Bus
     box: SecretBox
     methods: dict[str, InstallMethod]
-
-    def token_hash(self, token: str) -> str: ...
 
 
 class LeasedJobs(JobSteps, Protocol):

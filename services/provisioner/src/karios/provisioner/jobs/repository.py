@@ -5,6 +5,7 @@ Leases are compared with the database clock (``now()``), never the replicas' clo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -100,11 +101,13 @@ class JobRepository:
         percent: int | None,
         owned: bool,
         values: dict[str, Any],
+        guard: Callable[[Job], None] | None = None,
     ) -> Moved:
         """One transition of the table under the row lock (409 if forbidden).
 
         ``owned``: only the lease owner may make it (:class:`LeaseLost`; :class:`JobCancelled` if
         the job was cancelled), and it renews the lease while the job stays in the worker phase.
+        ``guard``: a check of the row as locked (e.g. the job token's rule), raising to refuse.
         The row lock and the database clock come in one statement.
         """
         async with self.db.session() as s, s.begin():
@@ -118,6 +121,8 @@ class JobRepository:
                 raise JobCancelled(job_id)
             if owned and job.owner != self.replica and not is_terminal(job.state):
                 raise LeaseLost(f"job {job_id} is owned by {job.owner or 'nobody'}")
+            if guard is not None:
+                guard(job)
             previous = State(job.state)
             new = transition(job.state, target)
             if new in WORKER_STATES and owned:

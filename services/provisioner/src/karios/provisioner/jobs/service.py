@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import secrets
 import socket
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,12 +35,13 @@ from opentelemetry import trace
 from karios.common.bus.runtime import Bus
 from karios.common.contracts.provision import (
     Admission,
-    CallbackRequest,
+    CallbackRequestV2,
     CancelJob,
     JobProgress,
     JobView,
     QueueEntry,
     StartProvision,
+    job_token_hash,
 )
 from karios.common.crypto import SecretBox
 from karios.common.db import Database
@@ -72,7 +73,8 @@ __all__ = ["JobService", "LeaseLost", "replica_id", "token_hash"]
 
 
 def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    """The job token as stored (and as the gateway sends it on the bus): its SHA-256."""
+    return job_token_hash(token)
 
 
 def replica_id() -> str:
@@ -108,8 +110,6 @@ class JobService:
         self.admitter = admitter.Admitter(self)  # admission control: see admission.py
         self._prepared: set[tuple[str, str]] = set()
         self._prepare_lock = asyncio.Lock()
-
-    token_hash = staticmethod(token_hash)
 
     # -- shared steps: load, move (+ event, + end of job), checks ---------------------------
     async def load(self, job_id: str) -> Job:
@@ -153,14 +153,18 @@ class JobService:
         percent: int | None = None,
         fact: str | None = None,
         owned: bool = False,
+        guard: Callable[[Job], None] | None = None,
         **values: Any,
     ) -> Job:
         """Apply one transition of the table (409 if forbidden), emit its event, and end the job
         (medium removed, BMC left clean) when the new state is terminal.
 
         ``owned``: a worker step; only the lease owner may make it (:class:`LeaseLost` otherwise).
+        ``guard``: checks the row under its lock before the move (raises to refuse it).
         """
-        moved = await self.repo.move(job_id, target, message, percent=percent, owned=owned, values=values)
+        moved = await self.repo.move(
+            job_id, target, message, percent=percent, owned=owned, values=values, guard=guard
+        )
         j = moved.job
         metrics.job_moved(j.job_type, j.vendor, j.state, moved.previous, j.created_at)
         await self.emit(moved.job, fact=fact)
@@ -312,11 +316,11 @@ class JobService:
             log.warning("BMC cleanup failed", job_id=job.id, error=str(exc)[:300])
 
     # -- use cases: installer reports (see callbacks) -------------------------------------
-    async def step(self, req: CallbackRequest) -> JobView:
+    async def step(self, req: CallbackRequestV2) -> JobView:
         with await self._callback_span("provision.installer.step", req.job_id):
             return await callbacks.step(self, req)
 
-    async def complete(self, req: CallbackRequest) -> JobView:
+    async def complete(self, req: CallbackRequestV2) -> JobView:
         with await self._callback_span("provision.installer.complete", req.job_id):
             return await callbacks.complete(self, req)
 
@@ -332,7 +336,7 @@ class JobService:
             return await self.repo.load(job_id)
         return None
 
-    async def firstboot(self, req: CallbackRequest) -> JobView:
+    async def firstboot(self, req: CallbackRequestV2) -> JobView:
         return await callbacks.firstboot(self, req)
 
     # -- use case: cancel ---------------------------------------------------------------
