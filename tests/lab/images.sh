@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The image method's artifacts (root.tar.zst, vmlinuz, live.img) for the lab, built once and
 # cached under ${KARIOS_LAB_CACHE:-/var/cache/karios-lab}/images/<key>/bookworm/, the key a hash
-# of the live package's files (tests/fixtures/installs.py: images_key) — minutes cold, then
+# of what shapes them (tests/fixtures/installs.py: IMAGE_INPUTS) — minutes cold, then
 # instant, rebuilt when what shapes the images changes. Packages go through the lab's
 # apt-cacher-ng (tests/lab/aptproxy.sh) when it comes up. The VM tests use the same cache.
 #
