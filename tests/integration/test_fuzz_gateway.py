@@ -45,9 +45,13 @@ from tests.fixtures.provision import STACK_BMCS, retire_leftover_jobs, write_inv
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
 
 EXCLUDE = r"^/controlnode/events$"  # SSE never ends
-# Token names the fuzzer learns from GET /controlnode/tokens would let it replace or revoke its own
-# token ("bootstrap-admin") and spend the rest of the run on 401s: these two learn nothing.
-OWN_TOKEN = (("POST", "/controlnode/tokens"), ("DELETE", "/controlnode/tokens/{name}"))
+# Token names the fuzzer learns from GET /controlnode/tokens would let it rotate or revoke its own
+# token ("bootstrap-admin") and spend the rest of the run on 401s: these learn nothing.
+OWN_TOKEN = (
+    ("POST", "/controlnode/tokens"),
+    ("DELETE", "/controlnode/tokens/{name}"),
+    ("POST", "/controlnode/tokens/{name}/rotate"),
+)
 NODES = {STACK_BMCS[0]: "127.0.3.21", STACK_BMCS[1]: "127.0.3.22"}
 
 
