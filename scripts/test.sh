@@ -63,7 +63,7 @@ phase "lint done"
 workers=${KARIOS_TEST_WORKERS:-3}
 xdist=()
 if [ "$workers" != 0 ]; then
-  xdist=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
+  xdist=(-n "$workers" --dist loadscope --no-loadscope-reorder)
 fi
 status=0
 uv run --locked pytest "${xdist[@]}" "$@" || status=$?

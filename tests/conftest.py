@@ -12,7 +12,9 @@ golden-file check, …) are in ``tests/fixtures/``: import them from there, neve
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import socket
 import tempfile
 import uuid
@@ -28,15 +30,18 @@ from tests.fixtures.apps import REQUIRE, RunningApp, start_app
 
 # -- parallel runs and the quick selection --------------------------------------------------------
 #
-# CI runs the suite with pytest-xdist (`scripts/test.sh`: `-n N --dist loadgroup
-# --no-loadscope-reorder`). Every test belongs to one xdist group, a unit of work one worker runs:
+# CI runs the suite with pytest-xdist (`scripts/test.sh`: `-n N --dist loadscope
+# --no-loadscope-reorder`) and the scheduler below. Every test belongs to one unit of work, which one
+# worker runs from start to end:
 #   - `vm`: every test that boots qemu (TCG, a core each): in turn, on one worker, sent first (the
-#     longest chain of the run);
+#     longest chain of the run), and that worker gets nothing else until the chain is done;
 #   - `fabric_lab`: every test on a FRR namespace lab with the host link (198.18.0.0/24 in the root
 #     namespace, one lab at a time on a machine — the lab's own lock would hold other workers idle);
 #   - otherwise its module (module- and class-scoped fixtures are set up once, as in a plain run).
 # Units are sent in the order below: the long, serial chains first, unit tests last (they fill the
-# gaps at the end).
+# gaps at the end). (xdist's own `loadgroup` does not work with pytest 9: it renames the node id
+# through an attribute pytest 9 no longer reads. So the workers hand their groups to the
+# controller's scheduler in a file.)
 # `quick` (`pytest -m quick`, the edit-test loop): every unit test, and integration tests that need
 # no lab peer and are not marked `slow`.
 
@@ -55,19 +60,60 @@ def _rank(item: pytest.Item, rel: tuple[str, ...]) -> int:
     return {"e2e": 2, "integration": 3, "lab": 3}.get(area, 4)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def _groups_dir(controller_pid: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"karios-xdist-groups-{controller_pid}"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(str(config.rootpath))
     ranks: dict[str, int] = {}
+    groups: dict[str, str] = {}
     for item in items:
         rel = Path(str(item.path)).relative_to(root).parts
         group = _serial_group(item)
-        item.add_marker(pytest.mark.xdist_group(group or "/".join(rel)))
+        if group:
+            groups[item.nodeid] = group
         heavy = group or item.get_closest_marker("lab") or item.get_closest_marker("slow")
         if rel[:2] == ("tests", "unit") or (rel[:2] == ("tests", "integration") and not heavy):
             item.add_marker(pytest.mark.quick)
         ranks[item.nodeid] = _rank(item, rel)
     items.sort(key=lambda it: ranks[it.nodeid])  # stable: collection order within a rank
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:  # a worker: tell the controller (our parent) which tests share a unit
+        d = _groups_dir(os.getppid())
+        d.mkdir(exist_ok=True)
+        tmp = d / f".{worker}.json"
+        tmp.write_text(json.dumps(groups))
+        tmp.replace(d / f"{worker}.json")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups: dict[str, str] = {}
+
+    class UnitScheduling(LoadScopeScheduling):
+        """xdist's loadscope, units as described above."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            if not groups:  # every worker has collected (the same tests) before the first call
+                for f in sorted(_groups_dir(os.getpid()).glob("gw*.json"))[:1]:
+                    groups.update(json.loads(f.read_text()) or {"": ""})
+            return groups.get(nodeid) or nodeid.split("::", 1)[0]
+
+        def _reschedule(self, node) -> None:  # type: ignore[no-untyped-def]
+            work = self.assigned_work.get(node, {})
+            busy = any(scope in SERIAL_GROUPS and not all(t.values()) for scope, t in work.items())
+            if busy and self.workqueue:
+                return  # the serial chain's worker takes nothing else until the chain is done
+            super()._reschedule(node)
+
+    return UnitScheduling(config, log)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        shutil.rmtree(_groups_dir(os.getpid()), ignore_errors=True)
 
 
 def _port_open(host: str, port: int) -> bool:
