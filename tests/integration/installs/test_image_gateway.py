@@ -2,9 +2,12 @@
 
 Provision on the Redfish emulator through the gateway, boot the ISO Karios built (downloaded
 from the provisioner's ``/media/{job}.iso``) in qemu with two virtio disks and ``pool_type:
-mirror``, follow SSE: every install stage arrives in order, the VM reboots from its disks into
-Debian, the first-boot callback completes the job with the node's IP, and the installed system
-has the md RAID1 root, the hostname and the SSH key asked for (checked over SSH with that key).
+mirror``, follow SSE: every install stage arrives in order with its percent, the VM reboots from
+its disks into Debian (BIOS), the first-boot callback completes the job with the node's IP and
+registers the node, and the installed system has the md RAID1 root, the hostname, the serial
+console and the SSH key asked for (checked over SSH with that key). Then the same disks boot by
+UEFI (OVMF, the removable-path loader on the ESP) into the same system: one install, inspected
+from both firmwares — an install costs minutes under TCG, a boot one.
 """
 
 from __future__ import annotations
@@ -63,10 +66,11 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
         iso.write_bytes(got.content)
 
         ssh_port = free_port()
+        disks = [Disk(tmp_path / "vda.img", 4 << 30), Disk(tmp_path / "vdb.img", 4 << 30)]
         vm = VM(
             tmp_path,
             iso=iso,  # -boot once=d: the install's reboot comes up from the disks
-            disks=[Disk(tmp_path / "vda.img", 4 << 30), Disk(tmp_path / "vdb.img", 4 << 30)],
+            disks=disks,
             guestfwd=st.guestfwd(),
             hostfwd={ssh_port: 22},
         )
@@ -85,6 +89,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
                 mdstat = (await conn.run("cat /proc/mdstat", check=True)).stdout
                 root = (await conn.run("findmnt -no SOURCE /", check=True)).stdout.strip()
                 efi = (await conn.run("findmnt -no FSTYPE /boot/efi", check=True)).stdout.strip()
+                cmdline = (await conn.run("cat /proc/cmdline", check=True)).stdout
             block = vm.monitor("info block")  # the harness's monitor socket answers
         finally:
             vm.stop()
@@ -93,7 +98,37 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
         assert "raid1" in mdstat and "vda3" in mdstat and "vdb3" in mdstat, mdstat
         assert root.startswith("/dev/md"), root
         assert efi == "vfat"  # the first disk's EFI system partition
+        assert "console=ttyS0,115200n8" in cmdline and "root=UUID=" in cmdline, cmdline
         assert "vda.img" in block and "vdb.img" in block, block
+
+        # The first boot registered the node at the address the installer reported.
+        r = await c.get(f"/controlnode/nodes/{GUEST_IP}", headers=ADMIN)
+        assert r.status_code == 200, r.text
+        node = r.json()
+        assert (node["source"], node["bmc_ip"], node["hostname"]) == ("firstboot", st.bmc_ip, "karios-img-1")
+        assert password not in r.text
+
+        # The same disks by UEFI: the ESP's removable-path loader boots the same md root.
+        uefi_port = free_port()
+        again = VM(tmp_path, name="uefi", disks=disks, hostfwd={uefi_port: 22}, uefi=True)
+        again.start()
+        try:
+            await again.wait_serial(r"karios-img-1 login:", timeout=600)
+            async with asyncssh.connect(
+                "127.0.0.1",
+                uefi_port,
+                username="operator",
+                client_keys=[key],
+                password=None,
+                known_hosts=None,
+            ) as conn:
+                firmware = (await conn.run("test -d /sys/firmware/efi && echo uefi", check=False)).stdout
+                uefi_root = (await conn.run("findmnt -no SOURCE /", check=True)).stdout.strip()
+                uefi_md = (await conn.run("cat /proc/mdstat", check=True)).stdout
+        finally:
+            again.stop()
+        assert firmware.strip() == "uefi"
+        assert uefi_root.startswith("/dev/md") and "raid1" in uefi_md, (uefi_root, uefi_md)
 
         events = await sse.collect(
             until=lambda evs: any(
@@ -106,6 +141,8 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
         labels = [s.label for s in INSTALL_STAGES]
         seen = [next((lbl for lbl in labels if m.startswith(lbl)), m) for m in step_messages]
         assert seen == labels, step_messages
+        percents = [d.get("percent") for n, d in mine if n == "job_step"]
+        assert percents == [s.percent for s in INSTALL_STAGES], percents
         names = [n for n, _ in mine]
         assert names.index("job_booting") < names.index("job_step") < names.index("job_first_boot")
         assert names[-1] == "job_completed"
