@@ -60,7 +60,7 @@ uv run --locked ruff format --check .
 phase "lint done"
 # Parallel workers (pytest-xdist): tests/conftest.py groups what must run in turn (VMs, the
 # FRR host-link lab) and sends the long chains first. KARIOS_TEST_WORKERS=0 runs in one process.
-workers=${KARIOS_TEST_WORKERS:-3}
+workers=${KARIOS_TEST_WORKERS:-4}
 xdist=()
 if [ "$workers" != 0 ]; then
   xdist=(-n "$workers" --dist loadscope --no-loadscope-reorder)

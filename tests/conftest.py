@@ -33,8 +33,9 @@ from tests.fixtures.apps import REQUIRE, RunningApp, start_app
 # CI runs the suite with pytest-xdist (`scripts/test.sh`: `-n N --dist loadscope
 # --no-loadscope-reorder`) and the scheduler below. Every test belongs to one unit of work, which one
 # worker runs from start to end:
-#   - `vm`: every test that boots qemu (TCG, a core each): in turn, on one worker, sent first (the
-#     longest chain of the run), and that worker gets nothing else until the chain is done;
+#   - `vm`: the tests that boot qemu (TCG, a core each): in turn, on one worker per chain (see
+#     SERIAL_GROUPS), sent first (the longest chains of the run), and such a worker gets nothing else
+#     until its chain is done;
 #   - `fabric_lab`: every test on a FRR namespace lab with the host link (198.18.0.0/24 in the root
 #     namespace, one lab at a time on a machine — the lab's own lock would hold other workers idle);
 #   - otherwise its module (module- and class-scoped fixtures are set up once, as in a plain run).
@@ -45,19 +46,27 @@ from tests.fixtures.apps import REQUIRE, RunningApp, start_app
 # `quick` (`pytest -m quick`, the edit-test loop): every unit test, and integration tests that need
 # no lab peer and are not marked `slow`.
 
-SERIAL_GROUPS = ("vm", "fabric_lab")
+#: The serial chains, in the order they are sent. `@pytest.mark.vm` is the image chain;
+#: `@pytest.mark.vm(chain="debian-installer")` the Debian installer's, a second chain beside it
+#: (two VMs at a time: the two chains are about 16 and 10 minutes under TCG, and the rest of the
+#: suite is done before them).
+SERIAL_GROUPS = ("vm", "vm-debian-installer", "fabric_lab")
 
 
 def _serial_group(item: pytest.Item) -> str | None:
-    return next((g for g in SERIAL_GROUPS if item.get_closest_marker(g)), None)
+    vm = item.get_closest_marker("vm")
+    if vm:
+        chain = vm.kwargs.get("chain")
+        return f"vm-{chain}" if chain else "vm"
+    return "fabric_lab" if item.get_closest_marker("fabric_lab") else None
 
 
 def _rank(item: pytest.Item, rel: tuple[str, ...]) -> int:
     group = _serial_group(item)
     if group:
-        return SERIAL_GROUPS.index(group)
+        return SERIAL_GROUPS.index(group) if group in SERIAL_GROUPS else len(SERIAL_GROUPS) - 1
     area = rel[1] if len(rel) > 2 else ""
-    return {"e2e": 2, "integration": 3, "lab": 3}.get(area, 4)
+    return len(SERIAL_GROUPS) + {"e2e": 0, "integration": 1, "lab": 1}.get(area, 2)
 
 
 def _groups_dir(controller_pid: int) -> Path:
@@ -103,7 +112,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
         def _reschedule(self, node) -> None:  # type: ignore[no-untyped-def]
             work = self.assigned_work.get(node, {})
-            busy = any(scope in SERIAL_GROUPS and not all(t.values()) for scope, t in work.items())
+            # A chain's scope is its group name; a module's is its path.
+            busy = any("/" not in scope and not all(t.values()) for scope, t in work.items())
             if busy and self.workqueue:
                 return  # the serial chain's worker takes nothing else until the chain is done
             super()._reschedule(node)

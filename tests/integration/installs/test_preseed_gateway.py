@@ -23,7 +23,12 @@ from tests.fixtures.provision import wait_bmc_clean, wait_job
 from tests.fixtures.sse import open_sse
 from tests.lab.vm import VM, Disk
 
-pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.timeout(1800), pytest.mark.vm]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.lab,
+    pytest.mark.timeout(1800),
+    pytest.mark.vm(chain="debian-installer"),
+]
 
 
 async def test_preseed_job_fails_with_the_installers_message_and_log_tail(

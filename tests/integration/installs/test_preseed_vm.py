@@ -35,7 +35,7 @@ from tests.fixtures.preseed_vm import (
 from tests.fixtures.wait import wait_until
 from tests.lab.vm import Disk, qemu_missing
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(1200), pytest.mark.vm]
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(1200), pytest.mark.vm(chain="debian-installer")]
 
 # TCG on a loaded 2-core machine: the installer reaches its mirror ~2 min after qemu starts.
 BOOT_TO_FAILURE = 900.0
