@@ -112,9 +112,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
         def _reschedule(self, node) -> None:  # type: ignore[no-untyped-def]
             work = self.assigned_work.get(node, {})
-            # A chain's scope is its group name; a module's is its path.
-            busy = any("/" not in scope and not all(t.values()) for scope, t in work.items())
-            if busy and self.workqueue:
+            # A chain's scope is its group name; a module's is its path. A worker keeps its last
+            # queued test until more work (or the end) arrives — it needs the next item to tear
+            # fixtures down — so a chain with one test left takes the next unit, else that test
+            # would wait for the whole queue to drain.
+            pending = (list(t.values()).count(False) for scope, t in work.items() if "/" not in scope)
+            if any(n > 1 for n in pending) and self.workqueue:
                 return  # the serial chain's worker takes nothing else until the chain is done
             super()._reschedule(node)
 

@@ -17,6 +17,8 @@ from tests.fixtures.bootapi import TOKEN, boot_settings
 from tests.fixtures.bootapi_hosts import HOSTS
 from tests.fixtures.fuzz import OPENAPI, run_schemathesis
 
+pytestmark = pytest.mark.slow  # minutes of real servers: not in -m quick
+
 
 @pytest.fixture
 async def bootapi_url(settings, serve, tmp_path_factory) -> str:

@@ -44,6 +44,9 @@ from tests.fixtures.fuzz import OPENAPI, Confinement, EveryBmcIs, run_schemathes
 from tests.fixtures.provision import STACK_BMCS, retire_leftover_jobs, write_inventory
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
 
+pytestmark = pytest.mark.slow  # minutes of real servers: not in -m quick
+
+
 EXCLUDE = r"^/controlnode/events$"  # SSE never ends
 # Token names the fuzzer learns from GET /controlnode/tokens would let it rotate or revoke its own
 # token ("bootstrap-admin") and spend the rest of the run on 401s: these learn nothing.

@@ -42,6 +42,9 @@ from tests.fixtures.secrets_scan import Scanner, needles, pg_dumpall, secret, st
 from tests.fixtures.wait import wait_until
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
 
+pytestmark = pytest.mark.slow  # minutes of real servers: not in -m quick
+
+
 NO_SPACE = '+/&"%='
 BMC, NODE_IP, ADOPT_IP = (
     "10.96.0.7",

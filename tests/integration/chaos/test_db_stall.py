@@ -21,6 +21,9 @@ from tests.fixtures.chaos import PrivatePostgres, state_dir
 from tests.fixtures.sse import open_sse
 from tests.fixtures.wait import wait_until
 
+pytestmark = pytest.mark.slow  # minutes of real servers: not in -m quick
+
+
 PAUSE_S = 10.0
 DB_TIMEOUT_S = 2.0
 #: A stalled call must answer within its bounds (connect/statement timeout) plus scheduling slack.

@@ -17,6 +17,9 @@ import pytest
 from tests.fixtures.chaos import KariosUp, PrivateNats, http_get, http_post, state_dir, timed
 from tests.fixtures.wait import wait_until_sync
 
+pytestmark = pytest.mark.slow  # minutes of real servers: not in -m quick
+
+
 OUTAGE_S = 15.0
 
 
