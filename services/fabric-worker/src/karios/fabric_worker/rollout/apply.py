@@ -249,13 +249,12 @@ async def _supervise(
         await svc.repo.release(cmd.job_id)
         raise ServiceUnavailable(f"fabric-worker stopped during apply {cmd.job_id}")
     summary = task.result()
-    if not await svc.repo.finish(summary):
+    status = summary.rollout_status if whole else None
+    if not whole and summary.job_status is not JobStatus.COMPLETED:
+        status = RolloutStatus.DEGRADED
+    if not await svc.repo.finish(summary, status):
         return
     await svc.remember({r.node_ip: r.host_key for r in job.results if r.host_key and r.host_key_first_seen})
-    if whole:
-        await svc.repo.set_rollout_status(summary.rollout_status)
-    elif summary.job_status is not JobStatus.COMPLETED:
-        await svc.repo.set_rollout_status(RolloutStatus.DEGRADED)
     log.info(
         "fabric apply finished",
         job_id=summary.job_id,

@@ -104,10 +104,9 @@ async def recover_apply(svc: RolloutService, row: FabricJobRow, previous: str) -
         await svc.repo.release(job_id)
         return
     done = task.result()
-    if not await svc.repo.finish(done):
-        return
     whole = not (row.request or {}).get("node_ip")
-    await svc.repo.set_rollout_status(done.rollout_status if whole else RolloutStatus.DEGRADED)
+    if not await svc.repo.finish(done, done.rollout_status if whole else RolloutStatus.DEGRADED):
+        return
     log.warning(
         "interrupted fabric apply recovered", job_id=job_id, rolled_back=len(blobs), failed=done.failed_nodes
     )

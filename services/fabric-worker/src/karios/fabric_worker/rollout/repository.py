@@ -80,10 +80,7 @@ class RolloutRepository:
 
     async def set_rollout_status(self, status: str) -> None:
         async with self.db.session() as s, s.begin():
-            row = await store.load(s, for_update=True)
-            if row is not None:  # deleted meanwhile: nothing to mark
-                row.rollout_status = status
-                s.add(row)
+            await _mark_rollout(s, status)
 
     async def store_preflight(
         self,
@@ -261,15 +258,19 @@ class RolloutRepository:
         res = await self._exec(stmt.returning(Row.cancel_requested))  # type: ignore[arg-type]
         return res.scalar_one_or_none()
 
-    async def finish(self, summary: JobSummary) -> bool:
+    async def finish(self, summary: JobSummary, rollout_status: str | None = None) -> bool:
         """Store the terminal summary if this replica still holds the job (False: lease lost);
-        its baselines go."""
+        its baselines go. ``rollout_status``: the configuration's status, set in the same
+        transaction — no reader sees the job ended while the configuration still says
+        ``rolling_out``."""
         async with self.db.session() as s, s.begin():
             conn = await s.connection()
             stmt = sa.update(Row).where(*_held(summary.job_id, self.owner))
             values = {"job_status": str(summary.job_status), "summary": _data(summary)}
             res = await conn.execute(stmt.values(**values, updated_at=datetime.now(UTC)))
             await conn.execute(sa.delete(NodeBaselineRow).where(NodeBaselineRow.job_id == summary.job_id))  # type: ignore[arg-type]
+            if res.rowcount and rollout_status is not None:
+                await _mark_rollout(s, rollout_status)
         return bool(res.rowcount)
 
     async def release(self, job_id: str) -> None:
@@ -359,3 +360,11 @@ class RolloutRepository:
     async def forget_drift(self, keep: list[str]) -> None:
         """Drop the rows of nodes no longer registered."""
         await self._exec(sa.delete(NodeDriftRow).where(NodeDriftRow.node_ip.not_in(keep)))  # type: ignore[attr-defined]
+
+
+async def _mark_rollout(s: Any, status: str) -> None:
+    """The configuration's rollout status, inside the caller's transaction."""
+    row = await store.load(s, for_update=True)
+    if row is not None:  # deleted meanwhile: nothing to mark
+        row.rollout_status = status
+        s.add(row)
