@@ -65,6 +65,8 @@ def _rank(item: pytest.Item, rel: tuple[str, ...]) -> int:
     group = _serial_group(item)
     if group:
         return SERIAL_GROUPS.index(group) if group in SERIAL_GROUPS else len(SERIAL_GROUPS) - 1
+    if item.get_closest_marker("netbox"):
+        return len(SERIAL_GROUPS) + 3  # last: on a fresh machine NetBox comes up in the background
     area = rel[1] if len(rel) > 2 else ""
     return len(SERIAL_GROUPS) + {"e2e": 0, "integration": 1, "lab": 1}.get(area, 2)
 

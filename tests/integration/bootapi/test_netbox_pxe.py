@@ -34,7 +34,7 @@ OPS_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKariosLabOpsKey00000000000000000
 INSTALLER = "almalinux/9/BaseOS/x86_64/os/images/pxeboot/vmlinuz"  # the AlmaLinux 9 kernel URL
 WITHIN = 10.0  # the issue's bound for a change without a webhook (default poll: 3 s)
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.netbox]
 
 
 def _unavailable(reason: str) -> None:

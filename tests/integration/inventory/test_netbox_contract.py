@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "tests" / "lab" / "netbox.sh"
 WEBHOOK_SECRET = "contract-hook-secret"
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.netbox]
 
 
 def _unavailable(reason: str) -> None:
