@@ -177,9 +177,11 @@ def pg_admin_url() -> str:
         raise
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 async def database_url(pg_admin_url: str) -> AsyncIterator[str]:
-    """A fresh database for this test session, dropped at the end."""
+    """A fresh database for each test module, dropped at its end. Modules run in any order and
+    on any xdist worker, so one module's leftovers (a stored fabric configuration, jobs, nodes)
+    must never reach another; tests of one module still share it, in file order."""
     name = f"karios_test_{uuid.uuid4().hex[:10]}"
     admin = create_async_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
     try:

@@ -12,7 +12,7 @@ from karios.api_gateway.app import create_app as gateway_app
 from karios.api_gateway.auth import Role, create_token
 from karios.fabric_worker.app import create_app as worker_app
 from tests.fixtures.apps import ADMIN
-from tests.fixtures.fabric import OPERATOR_TOKEN, VIEWER_TOKEN
+from tests.fixtures.fabric import OPERATOR_TOKEN, VIEWER_TOKEN, forget_fabric_config, forget_jobs
 
 
 @dataclass
@@ -30,6 +30,10 @@ class Fabric:
 
 @pytest.fixture
 async def fabric(settings, serve):
+    # The session's database is shared by every module this xdist worker runs: start from no
+    # configuration and no job, whatever an earlier module left.
+    await forget_jobs(settings)
+    await forget_fabric_config(settings)
     worker = await serve(worker_app(settings))
     gw = await serve(gateway_app(settings))
     db = gw.app.state.runtime.db
