@@ -98,6 +98,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tmp.replace(d / f"{worker}.json")
 
 
+@pytest.hookimpl(optionalhook=True)  # -p no:xdist must still run
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadScopeScheduling
 
