@@ -66,6 +66,12 @@ if [ "$workers" != 0 ]; then
   xdist=(-n "$workers" --dist loadscope --no-loadscope-reorder)
 fi
 status=0
+export KARIOS_MEASURE_DIR="${KARIOS_MEASURE_DIR:-/tmp/karios-measures-$$}"
+rm -rf "$KARIOS_MEASURE_DIR"
 uv run --locked pytest "${xdist[@]}" "$@" || status=$?
 phase "tests done (exit $status)"
+# Tables the lab tests measured (e.g. the fabric matrix: time to Established and to a ping).
+for f in "$KARIOS_MEASURE_DIR"/*.txt; do
+  [ -f "$f" ] && { echo "== $(basename "$f" .txt)"; cat "$f"; } >&2
+done
 exit "$status"

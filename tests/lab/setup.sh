@@ -4,7 +4,7 @@
 set -euo pipefail
 codename_ver=$(cut -d. -f1 /etc/debian_version 2>/dev/null || echo 12)
 PKGS=(
-  openssh-server frr frr-pythontools iproute2                       # compute nodes (fabric rollout)
+  openssh-server frr frr-pythontools iproute2 iputils-ping          # compute nodes (fabric rollout; ping: the dataplane check)
   debconf-utils                                                     # preseed validation
   xorriso isolinux syslinux-common grub-efi-amd64-bin grub-pc-bin    # provisioning boot media
   grub-common mtools dosfstools cpio

@@ -30,9 +30,12 @@ class RouteReflector:
         self.run_frr_dir = os.path.join(rdir, "run-frr")
         make_frr_dirs(self.etc_frr_dir, self.run_frr_dir, seed=True)
 
-    def start(self, config: str | None, daemons: tuple[str, ...]) -> None:
+    def start(
+        self, config: str | None, daemons: tuple[str, ...], *, loaded: str = "bgp listen range"
+    ) -> None:
         """Start FRR with ``daemons`` and ``config`` (default: the lab's own route reflector) and
-        wait until the config is loaded (it must contain a ``bgp listen range``)."""
+        wait until the config is loaded: its running config shows ``loaded`` (a route
+        reflector's ``bgp listen range``; a switch without BGP: e.g. ``router ospf``)."""
         with open(os.path.join(self.etc_frr_dir, "daemons"), "a") as fh:
             fh.write("\n# karios lab route reflector\n" + "".join(f"{d}=yes\n" for d in daemons))
         conf = os.path.join(self.etc_frr_dir, "frr.conf")
@@ -60,12 +63,17 @@ class RouteReflector:
         deadline = time.monotonic() + 30
         while True:
             with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
-                if "bgp listen range" in self.vtysh("show running-config", timeout=5):
+                if loaded in self.vtysh("show running-config", timeout=5):
                     return
             if time.monotonic() > deadline:
                 with open(log) as fh:
                     raise RuntimeError(f"route reflector config not loaded:\n{fh.read()}")
             time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop its daemons (the lab reuses the namespace for another configuration)."""
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            self._nsenter(["/usr/lib/frr/frrinit.sh", "stop"], 30)
 
     def vtysh(self, cmd: str, *, timeout: float = 30.0) -> str:
         """Run one vtysh command; return its output."""

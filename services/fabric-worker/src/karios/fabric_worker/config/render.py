@@ -10,13 +10,14 @@ from __future__ import annotations
 import difflib
 import hashlib
 import ipaddress
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from typing import Any, Protocol
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from karios.fabric_worker.config.pool import VtepPool
+from karios.common.devicetext import guard_render_values
+from karios.fabric_worker.config.sessions import OSPF_NETWORK, evpn_sessions
 
 SWITCH_NOS = ("sonic", "cumulus", "nxos", "eos", "other")
 PEER_GROUP = "KARIOS-VTEPS"
@@ -85,6 +86,7 @@ class SwitchContext:
     rr_on_switch: bool
     switch_bgp: bool
     peering_ip: str
+    switch_ip: str
     listen_range: str
     management_prefix_len: int
     gw_rr_ip: str
@@ -99,6 +101,9 @@ class SwitchContext:
     bfd: bool
     bgp_password: bool
     overlay_hub: str
+    hub_update_source: str = ""
+    hub_multihop: int = 0
+    ospf_network: str = OSPF_NETWORK
     peer_group: str = PEER_GROUP
     key_chain: str = KEY_CHAIN
 
@@ -111,33 +116,32 @@ def ospf_area_dotted(area: str) -> str:
     return area
 
 
-def switch_context(cfg: FabricLike, *, bgp_password_set: bool = False) -> SwitchContext:
-    """Decide every value the templates show, from a stored or planned config."""
+def switch_context(cfg: FabricLike, *, bgp_password_set: bool = False, port: str = "") -> SwitchContext:
+    """Decide every value the templates show, from a stored or planned config. The BGP side
+    (hub, AS numbers, listen range, source addresses) comes from the one sessions model the
+    nodes' ``frr.conf`` is rendered from too. `port`: the node-facing port's name (default: the
+    NOS's usual first port; the operator repeats its lines for every node-facing port)."""
     nos = cfg.fabric_switch_nos or "other"
-    node_as = cfg.as_
-    asn = cfg.fabric_switch_as or node_as
-    ebgp = asn != node_as
-    underlay = "ospf" if cfg.ospf_enabled else "bgp"
-    pool = VtepPool.of(cfg.router_id_base, cfg.router_id_prefix_len) if cfg.router_id_base else None
+    sessions = evpn_sessions(cfg)
     mgmt = ipaddress.IPv4Network(cfg.management_cidr, strict=False) if cfg.management_cidr else None
-    rr_on_switch = cfg.external_route_reflector and not ebgp
     auth = cfg.ospf_auth_type if cfg.ospf_auth_type not in ("", "none") else ""
     return SwitchContext(
         nos=nos,
         name=cfg.fabric_switch_name,
         role=cfg.fabric_switch_role,
-        asn=asn,
-        node_as=node_as,
-        bgp_mode="ebgp" if ebgp else "ibgp",
-        underlay=underlay,
-        rr_on_switch=rr_on_switch,
-        # An eBGP switch is the EVPN route server even without the RR flag.
-        switch_bgp=rr_on_switch or ebgp,
+        asn=sessions.hub_asn,
+        node_as=sessions.node_asn,
+        bgp_mode="ebgp" if sessions.ebgp else "ibgp",
+        underlay=sessions.underlay,
+        rr_on_switch=sessions.hub == "switch-rr",
+        switch_bgp=sessions.hub_is_switch,
         peering_ip=cfg.fabric_switch_peering_ip,
-        listen_range=str(pool.subnet if underlay == "ospf" and pool else mgmt or ""),
+        # The address the switch owns: none when the peering address is the gateway node's RR.
+        switch_ip=cfg.fabric_switch_peering_ip if sessions.hub_is_switch else "",
+        listen_range=sessions.listen_range,
         management_prefix_len=mgmt.prefixlen if mgmt else 24,
-        gw_rr_ip=str(pool.start) if pool and pool.start else "",
-        port=DEFAULT_PORT[nos],
+        gw_rr_ip=sessions.hub_ip if sessions.hub == "gateway-rr" else "",
+        port=port or DEFAULT_PORT[nos],
         mtu=cfg.vxlan_mtu or 1500,
         ospf_area=ospf_area_dotted(cfg.ospf_area),
         hello=cfg.ospf_hello_interval or 10,
@@ -147,18 +151,54 @@ def switch_context(cfg: FabricLike, *, bgp_password_set: bool = False) -> Switch
         auth_key_id=cfg.ospf_auth_key_id or 1,
         bfd=cfg.bfd_enabled,
         bgp_password=bgp_password_set,
-        overlay_hub=(
-            "this switch (route reflector)"
-            if rr_on_switch
-            else "this switch (eBGP route server)"
-            if ebgp
-            else "the gateway node (route reflector)"
-        ),
+        overlay_hub={
+            "switch-rr": "this switch (route reflector)",
+            "route-server": "this switch (eBGP route server)",
+            "gateway-rr": "the gateway node (route reflector)",
+        }[sessions.hub],
+        hub_update_source=sessions.hub_update_source,
+        hub_multihop=sessions.hub_multihop,
     )
 
 
+def route_reflector_context(
+    cfg: FabricLike, *, bgp_password_set: bool = False, port: str = ""
+) -> SwitchContext:
+    """The software route reflector on the gateway node (``external_route_reflector`` false,
+    iBGP): the same sessions, with the gateway node as their hub. It is a Linux node running
+    FRR, so it is rendered in FRR syntax; its underlay (OSPF on its uplink, its loopback) is
+    the one a switch would run."""
+    ctx = switch_context(cfg, bgp_password_set=bgp_password_set, port=port or "eth0")
+    if ctx.switch_bgp:
+        raise ValueError("the route reflector is on the fabric switch: render the switch configuration")
+    return replace(
+        ctx,
+        nos="other",
+        name="gateway node",
+        role="route reflector",
+        rr_on_switch=True,
+        switch_bgp=True,
+        switch_ip=ctx.peering_ip,
+        overlay_hub="this node (software route reflector)",
+    )
+
+
+def render_route_reflector_config(ctx: SwitchContext) -> str:
+    return _env().get_template("route_reflector.j2").render(sw=_values(ctx))
+
+
+# Template variable → the configuration field it comes from (named in a refusal).
+_FIELD_OF = {"name": "fabric_switch_name", "role": "fabric_switch_role", "nos": "fabric_switch_nos"}
+
+
+def _values(ctx: SwitchContext) -> dict:
+    values = asdict(ctx)
+    guard_render_values(values, _FIELD_OF)  # no value may end a line of the configuration
+    return values
+
+
 def render_switch_config(ctx: SwitchContext) -> str:
-    return _env().get_template(f"switch/{ctx.nos}.j2").render(sw=asdict(ctx))
+    return _env().get_template(f"switch/{ctx.nos}.j2").render(sw=_values(ctx))
 
 
 # -- ack gate: BGP listen-range moves ----------------------------------------------------------

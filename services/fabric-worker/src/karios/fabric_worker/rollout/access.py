@@ -18,6 +18,7 @@ from karios.common.crypto import SecretBox
 from karios.common.errors import Conflict, ValidationFailed
 from karios.common.netaddr import ip_sort_key
 from karios.fabric_worker.config import store
+from karios.fabric_worker.config.sessions import evpn_sessions
 from karios.fabric_worker.models import FabricConfigRow
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeTarget
 from karios.fabric_worker.settings import FabricWorkerSettings
@@ -49,9 +50,11 @@ def _intent_fields(row: FabricConfigRow, settings: FabricWorkerSettings) -> dict
         if not value:
             raise Conflict(f"{name}: required before the fabric can be rolled out", field=name)
     auth = cfg.ospf_auth_type if cfg.ospf_auth_type not in ("", "none") else "none"
+    sessions = evpn_sessions(cfg)  # the same model the switch configuration is rendered from
     return {
-        "asn": cfg.as_,
-        "peer_ip": cfg.fabric_switch_peering_ip,
+        "asn": sessions.node_asn,
+        "peer_ip": sessions.hub_ip,
+        "update_source": sessions.node_update_source,
         "peer_asn": cfg.fabric_switch_as or None,
         "router_id_base": cfg.router_id_base,
         "router_id_prefix_len": cfg.router_id_prefix_len,

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from karios.common.contracts.fabric_rollout import VtepPoolHeadroom
 from karios.common.netaddr import ip_sort_key
 from karios.fabric_worker.config.pool import VtepPool
+from karios.fabric_worker.config.sessions import node_update_source
 
 
 class UnderlayProtocol(StrEnum):
@@ -56,6 +57,17 @@ class FabricIntent(BaseModel):
     advertise_all_vni: bool = True
     vnis: tuple[int, ...] = ()
     frr_log_file: str = "/var/log/frr/frr-{hostname}.log"  # {hostname}: one log per FRR instance
+    # The device the node's BGP session is sourced from ("" = the underlay address): decided by
+    # the sessions model (config/sessions.py) from the underlay, so node and switch agree.
+    update_source: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _session_source(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("update_source") is None:
+            ospf = str(data.get("underlay", UnderlayProtocol.BGP)) == UnderlayProtocol.OSPF.value
+            data = {**data, "update_source": node_update_source(ospf)}
+        return data
 
     @field_validator("peer_ip", "router_id_base")
     @classmethod

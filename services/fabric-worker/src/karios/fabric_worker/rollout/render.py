@@ -7,6 +7,8 @@ from functools import cache
 
 import jinja2
 
+from karios.common.devicetext import guard_render_values
+from karios.fabric_worker.config.sessions import OSPF_NETWORK
 from karios.fabric_worker.rollout.intent import FabricIntent, UnderlayProtocol
 
 VTYSH_CONF = "service integrated-vtysh-config\n"
@@ -61,6 +63,7 @@ def render_node_files(intent: FabricIntent, node: NodeRenderInput) -> RenderedFi
     ctx = {
         "intent": intent,
         "ospf": intent.underlay is UnderlayProtocol.OSPF,
+        "ospf_network": OSPF_NETWORK,  # the switch side renders the same (config/sessions.py)
         "hostname": node.hostname,
         "log_file": frr_log_path(intent.frr_log_file, node.hostname),
         "vtep_ip": node.vtep_ip,
@@ -68,6 +71,16 @@ def render_node_files(intent: FabricIntent, node: NodeRenderInput) -> RenderedFi
         "bgp_password": intent.bgp_password.get_secret_value() if intent.bgp_password else "",
         "ospf_key": intent.ospf_auth_key.get_secret_value() if intent.ospf_auth_key else "",
     }
+    # No value may end a line of frr.conf (a hostname or interface name read from the node, a
+    # stored secret): the API refuses such text, the renderer does not rely on it.
+    guard_render_values(
+        {k: v for k, v in ctx.items() if isinstance(v, str)} | dataclasses.asdict(node),
+        {
+            "bgp_password": "bgp_password",
+            "ospf_key": "ospf_auth_key",
+            "underlay_iface": "ospf_fabric_interface",
+        },
+    )
     env = _env()
     return RenderedFiles(
         daemons=env.get_template("daemons.j2").render(ctx),

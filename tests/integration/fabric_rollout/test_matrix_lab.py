@@ -1,0 +1,277 @@
+"""The fabric configuration matrix on real FRR (issue 23, item 2): every underlay (OSPF without
+authentication, MD5, HMAC-SHA-256; BGP) × EVPN hub (the software route reflector on the
+gateway node — the seed's default —, the route reflector on the switch, an eBGP route server)
+× BFD, each cell applied by the real rollout to two lab nodes (namespaces with sshd + FRR).
+
+The hub side is never hand-written: the fabric namespace (the switch) runs the FRR
+configuration Karios renders for the switch, and for the software route reflector a third lab
+namespace (the gateway node) runs the route-reflector configuration Karios renders; both come
+from the same stored configuration the nodes' ``frr.conf`` is rendered from
+(:mod:`tests.fixtures.fabric_matrix`). One lab serves every cell: between cells the nodes are
+reset and the hub restarted with the next cell's configuration.
+
+Each cell: apply → every EVPN session Established, OSPF Full (OSPF cells), BFD up (BFD cells),
+type-3 (IMET) routes of the other VTEP for every VNI, and a dataplane check: a test host
+(namespace) on VNI 100's bridge of each node pings the other across the VXLAN at the
+tenant MTU with DF set. Times per cell are printed as a table at the end (``-s``).
+
+Needs root (namespaces): skipped with the reason otherwise, failed under CI=true.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from karios.cli.demo.route_reflector import RouteReflector
+from karios.fabric_worker.rollout import ApplyJob, NodeTarget, RolloutOptions, allocate_vteps
+from karios.fabric_worker.rollout.render import HMAC_SHA_PROBE_CONF
+from tests.fixtures.fabric_matrix import Addressing, Cell, cell_config, cells, hub_config, node_intent
+from tests.fixtures.wait import wait_until_sync
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
+import fabric_lab
+
+pytestmark = [pytest.mark.lab, pytest.mark.fabric_lab]
+CI = os.environ.get("CI", "").lower() == "true"
+OPTS = RolloutOptions(connect_timeout=5, verify_timeout=45, verify_interval=0.3)
+VNI = 100
+HOST_NET = "192.168.100"
+TIMES: list[tuple[str, str, float, float, str]] = []
+
+
+@pytest.fixture(scope="module")
+def lab():
+    reason = fabric_lab.skip_reason()
+    if reason:
+        if CI:
+            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+    # node1, node2: compute nodes; node3: the gateway node (its own FRR instance, no rollout).
+    with fabric_lab.FabricLab(n_nodes=3, prefix="km", with_rr=False) as lab:
+        yield lab
+    if TIMES:
+        lines = ["cell                               result   Established s  ping s  checks"]
+        lines += [f"{r[0]:<34} {r[1]:<8} {r[2]:13.1f} {r[3]:7.1f}  {r[4]}" for r in TIMES]
+        print("\n[measure] fabric matrix\n" + "\n".join(lines))
+        out = os.environ.get("KARIOS_MEASURE_DIR")
+        if out:  # scripts/test.sh prints these tables at the end of the CI log
+            os.makedirs(out, exist_ok=True)
+            Path(out, "fabric-matrix.txt").write_text("\n".join(lines) + "\n")
+
+
+def _hmac_supported() -> bool:
+    """FRR 8.4 has key chains with hmac-sha-256 but no OSPF interface command using them."""
+    res = subprocess.run(
+        ["vtysh", "-C", "-f", "/dev/stdin"], input=HMAC_SHA_PROBE_CONF, text=True, capture_output=True
+    )
+    return res.returncode == 0
+
+
+class Cellrun:
+    """The hub instances of one cell: the switch (fabric namespace) and the gateway node."""
+
+    def __init__(self, lab, seq: int) -> None:
+        self.lab, self.seq = lab, seq
+        self.switch: RouteReflector | None = None
+        self.gateway: RouteReflector | None = None
+
+    def _start(self, netns: str, name: str, config: str, daemons: tuple[str, ...]) -> RouteReflector:
+        frr = RouteReflector(netns)
+        frr.prepare(os.path.join(self.lab.workdir, f"cell{self.seq}-{name}"))
+        marker = "router bgp" if "router bgp" in config else "router ospf"
+        frr.start(config, daemons, loaded=marker)
+        return frr
+
+    def start(self, cell: Cell, cfg) -> None:
+        daemons = tuple(d for d, on in (("bgpd", True), ("ospfd", cell.ospf), ("bfdd", cell.bfd)) if on)
+        switch_text = hub_config(cfg, cell, "br0") if cell.hub != "gateway-rr" else None
+        if cell.hub == "gateway-rr":
+            from karios.fabric_worker.config.render import render_switch_config, switch_context
+
+            switch_text = render_switch_config(switch_context(cfg, port="br0"))
+            gw = self.lab.nodes[2]
+            self.gateway = self._start(gw.netns, "gateway", hub_config(cfg, cell, "br-underlay"), daemons)
+        if "router ospf" in switch_text or "router bgp" in switch_text:
+            self.switch = self._start(self.lab.fabric_netns, "switch", switch_text, daemons)
+        # else: a BGP underlay with the software RR: the switch only bridges (nothing to run)
+
+    def hub(self) -> RouteReflector:
+        return self.gateway or self.switch
+
+    def stop(self) -> None:
+        for frr in (self.switch, self.gateway):
+            if frr is not None:
+                frr.stop()
+
+
+def _reset(lab) -> None:
+    for n in lab.nodes[:2]:
+        lab.node_exec(
+            n,
+            "/usr/lib/frr/frrinit.sh stop >/dev/null 2>&1; rm -rf /etc/frr/* /etc/frr/.[!.]*; "
+            "for l in $(ip -br link | awk '{print $1}' | cut -d@ -f1 "
+            "| grep -E '^(vtep0|vxlan[0-9]+|br[0-9]+|kmh[0-9]+)$'); "
+            "do ip link del $l 2>/dev/null; done; true",
+        )
+
+
+def _vtysh_json(lab, node, cmd: str) -> dict:
+    out = lab.node_exec(node, ["vtysh", "-c", cmd]).stdout
+    return json.loads(out or "{}")
+
+
+def _remote_vteps(lab, node, vni: int) -> set[str]:
+    data = _vtysh_json(lab, node, f"show evpn vni {vni} json")
+    vteps = data.get("remoteVteps") or data.get("numRemoteVteps") or []
+    return {v["ip"] if isinstance(v, dict) else v for v in vteps} if isinstance(vteps, list) else set()
+
+
+def _attach_host(lab, node, index: int) -> str:
+    """A test host: a namespace with one veth end on the node's VNI bridge. Returns its netns."""
+    host_ns = f"{lab.run_id}-h{index}"
+    node_end, host_end = f"kmh{index}", "eth0"
+    subprocess.run(["ip", "netns", "del", host_ns], capture_output=True)
+    subprocess.run(["ip", "netns", "add", host_ns], check=True)
+    mtu = int(lab.node_exec(node, f"cat /sys/class/net/vxlan{VNI}/mtu").stdout.strip())
+    lab.node_exec(
+        node,
+        f"ip link add {node_end} mtu {mtu} type veth peer name {host_end} mtu {mtu} netns {host_ns} && "
+        f"ip link set {node_end} master br{VNI} && ip link set {node_end} up",
+        check=True,
+    )
+    for cmd in (
+        ["ip", "addr", "add", f"{HOST_NET}.{index}/24", "dev", host_end],
+        ["ip", "link", "set", host_end, "up"],
+        ["ip", "link", "set", "lo", "up"],
+    ):
+        subprocess.run(["ip", "netns", "exec", host_ns, *cmd], check=True)
+    return host_ns
+
+
+def _ping_df(host_ns: str, dst: str, mtu: int) -> bool:
+    res = subprocess.run(
+        ["ip", "netns", "exec", host_ns, "ping", "-M", "do", "-s", str(mtu - 28), "-c", "1", "-W", "1", dst],
+        capture_output=True,
+        text=True,
+    )
+    return res.returncode == 0
+
+
+def _diagnose(lab, hosts: list[str]) -> str:
+    out = []
+    for n in lab.nodes[:2]:
+        for cmd in (
+            f"ip -d link show vxlan{VNI}",
+            f"bridge fdb show dev vxlan{VNI}",
+            "ip route",
+            "ip -br link",
+        ):
+            out.append(f"{n.name}$ {cmd}\n{lab.node_exec(n, cmd).stdout}")
+    for ns in hosts:
+        res = subprocess.run(["ip", "netns", "exec", ns, "ip", "neigh"], capture_output=True, text=True)
+        out.append(f"{ns}$ ip neigh\n{res.stdout}")
+    return "\n".join(out)
+
+
+_SEQ = iter(range(1000))
+
+
+@pytest.mark.parametrize("cell", cells(), ids=lambda c: c.id)
+async def test_cell_comes_up_and_carries_traffic(lab, cell: Cell) -> None:
+    if cell.underlay == "ospf-hmac" and not _hmac_supported():
+        TIMES.append((cell.id, "blocked", 0.0, 0.0, "FRR lacks OSPF key-chain auth"))
+        pytest.skip(
+            "this FRR has no `ip ospf authentication key-chain` (FRR 8.4): preflight blocks hmac-sha-256"
+        )
+    gw_ip = lab.nodes[2].underlay_ip
+    addr = Addressing(bgp_hub_ip=gw_ip) if cell.hub == "gateway-rr" else Addressing()
+    cfg = cell_config(cell, addr)
+    intent = node_intent(cfg, cell, vnis=(VNI,))
+    _reset(lab)
+    run = Cellrun(lab, next(_SEQ))
+    hosts: list[str] = []
+    try:
+        run.start(cell, cfg)
+        key = Path(lab.client_key_path).read_text()
+        targets = [
+            NodeTarget(node_ip=n.underlay_ip, fqdn=n.name, private_key=key, known_host_key=n.host_public_key)
+            for n in lab.nodes[:2]
+        ]
+        vteps = allocate_vteps(intent, [t.node_ip for t in targets])
+        t0 = time.monotonic()
+        summary = await ApplyJob(intent, targets, vteps, options=OPTS).run()
+        established = time.monotonic() - t0
+        assert summary.job_status == "completed", (summary.first_fail_error, summary.nodes)
+        checks = ["established"]
+        hub_peers = json.loads(run.hub().vtysh("show bgp l2vpn evpn summary json") or "{}").get("peers", {})
+        want_src = {vteps[t.node_ip] if cell.ospf else t.node_ip for t in targets}
+        assert {ip for ip, p in hub_peers.items() if p.get("state") == "Established"} == want_src, hub_peers
+        if cell.ospf:
+            for n in lab.nodes[:2]:
+                nbrs = _vtysh_json(lab, n, "show ip ospf neighbor json").get("neighbors", {})
+                states = [
+                    e.get("state", e.get("nbrState", ""))
+                    for v in nbrs.values()
+                    for e in (v if isinstance(v, list) else [v])
+                ]
+                assert any(s.startswith("Full") for s in states), (n.name, nbrs)
+            checks.append("ospf-full")
+        if cell.bfd:
+            for n in lab.nodes[:2]:
+                ok = wait_until_sync(
+                    lambda n=n: any(
+                        p.get("status") == "up"
+                        for p in json.loads(
+                            lab.node_exec(n, ["vtysh", "-c", "show bfd peers json"]).stdout or "[]"
+                        )
+                    ),
+                    timeout=20,
+                    interval=0.3,
+                    what=f"{n.name}: a BFD session up",
+                )
+                assert ok
+            checks.append("bfd-up")
+        for n in lab.nodes[:2]:
+            other = {vteps[t.node_ip] for t in targets if t.node_ip != n.underlay_ip}
+            assert wait_until_sync(
+                lambda n=n, other=other: _remote_vteps(lab, n, VNI) == other,
+                timeout=30,
+                interval=0.3,
+                what=f"{n.name} VNI {VNI}: IMET routes of {sorted(other)}",
+            ), (n.name, _remote_vteps(lab, n, VNI))
+        checks.append("imet")
+        hosts = [_attach_host(lab, n, i + 1) for i, n in enumerate(lab.nodes[:2])]
+        mtu = int(lab.node_exec(lab.nodes[0], f"cat /sys/class/net/vxlan{VNI}/mtu").stdout.strip())
+        t1 = time.monotonic()
+        try:
+            wait_until_sync(lambda: _ping_df(hosts[0], f"{HOST_NET}.2", 1500), timeout=20, interval=0.5)
+        except AssertionError:
+            raise AssertionError(
+                "host 1 cannot reach host 2 over VNI 100:\n" + _diagnose(lab, hosts)
+            ) from None
+        assert wait_until_sync(
+            lambda: _ping_df(hosts[0], f"{HOST_NET}.2", mtu),
+            timeout=10,
+            interval=0.5,
+            what=f"host 1 pings host 2 over VNI {VNI} at MTU {mtu} with DF",
+        ), _diagnose(lab, hosts)
+        ping = time.monotonic() - t1
+        assert not _ping_df(hosts[0], f"{HOST_NET}.2", mtu + 1), (
+            "a frame above the tenant MTU must not pass with DF"
+        )
+        checks.append(f"ping-df-{mtu}")
+        TIMES.append((cell.id, "passed", established, ping, " ".join(checks)))
+    except BaseException:
+        TIMES.append((cell.id, "FAILED", 0.0, 0.0, ""))
+        raise
+    finally:
+        for ns in hosts:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        run.stop()
