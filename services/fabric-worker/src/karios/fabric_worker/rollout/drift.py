@@ -15,6 +15,7 @@ import json
 from karios.common.contracts.fabric_rollout import DriftFinding
 from karios.fabric_worker.rollout.facts import NodeFacts, find_underlay
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride
+from karios.fabric_worker.rollout.ownership import foreign_devices
 from karios.fabric_worker.rollout.plan import DesiredNetwork, network_commands, overlay_mtu
 from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_files
 from karios.fabric_worker.rollout.verify import StepStatus, postdeploy_checklist
@@ -174,6 +175,7 @@ def judge_drift(
             vnis=intent.vnis,
             overlay_mtu=overlay_mtu(intent.vxlan_mtu, under_mtu),
             managed_vnis=intent.vnis,
+            keep=foreign_devices(facts, intent.vnis),  # as the apply: not Karios's, not drift
         )
         findings += _network_findings(network_commands(facts, want))
     steps = postdeploy_checklist(

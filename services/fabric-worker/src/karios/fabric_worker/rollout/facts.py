@@ -12,6 +12,9 @@ import ipaddress
 import json
 
 MANAGED_FILES = ("daemons", "frr.conf", "vtysh.conf")
+# What Karios created on the node (:mod:`.ownership`): next to the files it describes.
+RECORD_NAME = ".karios-created.json"
+RECORD_PATH = f"/etc/frr/{RECORD_NAME}"
 FRRINIT = "/usr/lib/frr/frrinit.sh"
 _MARK = "@@karios:"
 
@@ -28,6 +31,9 @@ for f in {" ".join(MANAGED_FILES)}; do
   echo "{_MARK}file:$f"
   if [ -f "/etc/frr/$f" ]; then base64 -w0 "/etc/frr/$f"; echo; else echo '-'; fi
 done
+echo '{_MARK}boot_id'; cat /proc/sys/kernel/random/boot_id 2>/dev/null || true
+echo '{_MARK}record'
+if [ -f {RECORD_PATH} ]; then base64 -w0 {RECORD_PATH}; echo; else echo '-'; fi
 echo '{_MARK}end'
 """
 
@@ -63,6 +69,8 @@ class NodeFacts:
     frr_installed: bool
     frr_pids: dict[str, int]
     files: dict[str, str | None]  # managed /etc/frr files; None = absent
+    boot_id: str = ""  # the kernel's boot id: devices made with `ip link` last one boot
+    record: str | None = None  # RECORD_PATH's text (None = absent): see :mod:`.ownership`
 
     @property
     def frr_running(self) -> bool:
@@ -137,12 +145,15 @@ def parse_facts(output: str) -> NodeFacts:
     for name in MANAGED_FILES:
         body = sec.get(f"file:{name}", "-").strip()
         files[name] = None if body == "-" else base64.b64decode(body).decode()
+    record = sec.get("record", "-").strip()
     return NodeFacts(
         hostname=sec.get("hostname", "").strip(),
         interfaces=parse_interfaces(sec.get("links", "")),
         frr_installed=sec.get("frr_installed", "").strip() == "yes",
         frr_pids=pids,
         files=files,
+        boot_id=sec.get("boot_id", "").strip(),
+        record=None if record == "-" else base64.b64decode(record).decode(errors="replace"),
     )
 
 
@@ -189,4 +200,6 @@ def facts_from_dict(data: dict) -> NodeFacts:
         frr_installed=bool(data.get("frr_installed")),
         frr_pids={k: int(v) for k, v in (data.get("frr_pids") or {}).items()},
         files=dict(data.get("files") or {}),
+        boot_id=str(data.get("boot_id") or ""),
+        record=data.get("record"),
     )

@@ -34,6 +34,7 @@ from karios.fabric_worker.rollout.facts import (
     parse_facts,
 )
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, NodeTarget
+from karios.fabric_worker.rollout.ownership import foreign_devices, with_record
 from karios.fabric_worker.rollout.plan import (
     DesiredNetwork,
     FrrAction,
@@ -235,6 +236,7 @@ class NodeRollout:
             vnis=self.intent.vnis,
             overlay_mtu=overlay_mtu(self.intent.vxlan_mtu, underlay_mtu),
             managed_vnis=self.intent.vnis,
+            keep=foreign_devices(facts, self.intent.vnis),  # never remove what Karios did not create
         )
 
     async def _keep_baseline(self) -> None:
@@ -324,6 +326,7 @@ class NodeRollout:
             await self._keep_baseline()
             await self._emit("node_committing", f"{len(plan.writes)} file(s), {len(net)} link change(s)")
             r.touched = r.changed = True
+            plan = with_record(plan, self.baseline or facts, self.intent.vnis, net)  # what Karios made
             with step_span(TRACER, "fabric.node.commit"):
                 r.frr_action = plan.action.value
                 await apply_frr_plan(s, plan, opts.command_timeout, fence=self._fence, net=net)

@@ -9,19 +9,13 @@ from karios.fabric_worker.rollout.errors import HostKeyChanged, NodeUnreachable
 from karios.fabric_worker.rollout.facts import (
     DISCOVER_SCRIPT,
     EVPN_SUMMARY_COMMAND,
-    MANAGED_FILES,
     find_underlay,
     parse_facts,
 )
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeTarget
 from karios.fabric_worker.rollout.node import RolloutOptions
-from karios.fabric_worker.rollout.plan import (
-    DesiredNetwork,
-    FrrAction,
-    frr_action_command,
-    network_commands,
-    write_file_command,
-)
+from karios.fabric_worker.rollout.ownership import teardown_message, teardown_plan
+from karios.fabric_worker.rollout.plan import commit_script
 from karios.fabric_worker.rollout.ssh import open_session, redact
 from karios.fabric_worker.rollout.verify import ChecklistStep, StepStatus, postdeploy_checklist
 
@@ -44,9 +38,11 @@ async def teardown_node(
     options: RolloutOptions | None = None,
     vnis: tuple[int, ...] = (),
 ) -> TeardownResult:
-    """Stop FRR, remove the managed /etc/frr files, vtep0 and the VXLAN devices. The FRR
-    package itself stays installed. Without an intent (the config is already deleted), the
-    VNIs to remove are `vnis` plus whatever VXLAN devices the node has."""
+    """Remove what Karios created on the node and nothing else (:mod:`.ownership`): its devices
+    (vtep0, vxlanN, brN), the managed /etc/frr files it created (an operator's original is put
+    back), FRR stopped (restarted on the original when it ran before Karios). One SSH exec after
+    the discovery. The FRR package stays installed. `vnis` (the intent's when there is one): the
+    VNIs of the rule for nodes an older version applied, which carry no record."""
     opts = options or RolloutOptions()
     secrets = intent.secrets() if intent is not None else []
     vnis = intent.vnis if intent is not None else tuple(vnis)
@@ -55,21 +51,14 @@ async def teardown_node(
         async with open_session(target, connect_timeout=opts.connect_timeout, secrets=secrets) as s:
             facts = parse_facts((await s.run(DISCOVER_SCRIPT, limit_s=opts.command_timeout)).stdout)
             res.fqdn = res.fqdn or facts.hostname
-            if facts.frr_running:
-                await s.run(frr_action_command(FrrAction.STOP) or "true", limit_s=opts.command_timeout)
-                res.steps.append("frr_stopped")
-            present = [n for n in MANAGED_FILES if facts.files.get(n) is not None]
-            for name in present:
-                await s.run(write_file_command(name, None), limit_s=opts.command_timeout)
-            if present:
-                res.steps.append("frr_config_removed")
-            managed = tuple(sorted(set(vnis) | set(facts.vxlan_vnis())))
-            cmds = network_commands(facts, DesiredNetwork(vtep_ip=None, managed_vnis=managed))
-            if cmds:
-                await s.run("set -e\n" + "\n".join(cmds), limit_s=opts.command_timeout)
-                res.steps += [c.split()[3] + "_removed" for c in cmds if c.startswith("ip link del ")]
+            plan = teardown_plan(facts, vnis)
+            # FRR first, then the devices; the record goes last (a failure half-way keeps it).
+            script, data = commit_script(plan.frr, plan.net, net_first=False)
+            if script:
+                await s.run(script, input=data or None, limit_s=opts.command_timeout)
+            res.steps = list(plan.steps)
         res.removed = True
-        res.message = "fabric removed from node" if res.steps else "nothing was configured"
+        res.message = teardown_message(plan)
     except (NodeUnreachable, HostKeyChanged) as exc:
         res.reachable = False
         res.message = exc.message

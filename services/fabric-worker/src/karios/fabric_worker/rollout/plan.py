@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Sequence
 from enum import StrEnum
 
-from karios.fabric_worker.rollout.facts import FRRINIT, MANAGED_FILES, NodeFacts
+from karios.fabric_worker.rollout.facts import FRRINIT, MANAGED_FILES, RECORD_NAME, NodeFacts
 
 VXLAN_OVERHEAD = 50
 VXLAN_PORT = 4789
@@ -47,6 +47,8 @@ class DesiredNetwork:
     vnis: tuple[int, ...] = ()
     overlay_mtu: int = 1450
     managed_vnis: tuple[int, ...] = ()  # VNIs whose devices may be removed when not wanted
+    # Devices never removed as "not wanted": the ones Karios did not create (see .ownership).
+    keep: frozenset[str] = frozenset()
 
 
 def overlay_mtu(vxlan_mtu: int, underlay_mtu: int) -> int:
@@ -68,12 +70,12 @@ def network_commands(facts: NodeFacts, want: DesiredNetwork) -> list[str]:
         ours = vni in want.managed_vnis or (
             want.vtep_ip is not None and vx is not None and vx.vxlan_local == want.vtep_ip
         )
-        if vx is not None and vx.vxlan_id == vni and ours:
+        if vx is not None and vx.vxlan_id == vni and ours and vx.name not in want.keep:
             cmds.append(f"ip link del vxlan{vni}")
-            if br is not None and br.kind == "bridge":
+            if br is not None and br.kind == "bridge" and br.name not in want.keep:
                 cmds.append(f"ip link del br{vni}")
     if want.vtep_ip is None:
-        if "vtep0" in ifs:
+        if "vtep0" in ifs and "vtep0" not in want.keep:
             cmds.append("ip link del vtep0")
         return cmds
     vtep = ifs.get("vtep0")
@@ -112,10 +114,12 @@ def network_commands(facts: NodeFacts, want: DesiredNetwork) -> list[str]:
 
 
 def baseline_network(baseline: NodeFacts, managed_vnis: tuple[int, ...]) -> DesiredNetwork:
-    """The network part of a node's baseline, as a target to roll back to."""
+    """The network part of a node's baseline, as a target to roll back to: a device that was
+    there before the apply is never removed by its rollback."""
     vtep = baseline.vtep_ip
+    keep = frozenset(baseline.interfaces)
     if vtep is None:
-        return DesiredNetwork(vtep_ip=None, managed_vnis=managed_vnis)
+        return DesiredNetwork(vtep_ip=None, managed_vnis=managed_vnis, keep=keep)
     vnis = tuple(
         i.vxlan_id
         for i in baseline.interfaces.values()
@@ -127,15 +131,19 @@ def baseline_network(baseline: NodeFacts, managed_vnis: tuple[int, ...]) -> Desi
         vnis=tuple(sorted(vnis)),
         overlay_mtu=mtus[0] if mtus else 1450,
         managed_vnis=tuple(sorted(set(managed_vnis) | set(vnis))),
+        keep=keep,
     )
 
 
 @dataclasses.dataclass(frozen=True)
 class FrrPlan:
-    """Which managed files to write (None = delete) and what to do with the daemons."""
+    """Which managed files to write (None = delete) and what to do with the daemons; `state`:
+    Karios's own files in /etc/frr written with them (the ownership record), which are not FRR
+    configuration: they change neither `changed` nor the FRR action."""
 
     writes: dict[str, str | None]
     action: FrrAction
+    state: dict[str, str | None] = dataclasses.field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -157,10 +165,11 @@ def frr_plan(facts: NodeFacts, files: dict[str, str]) -> FrrPlan:
 
 
 def frr_rollback_plan(baseline: NodeFacts, current: NodeFacts) -> FrrPlan:
-    """Restore the baseline's files byte for byte and its running state."""
+    """Restore the baseline's files byte for byte (the ownership record too) and its running state."""
     writes = {
         n: baseline.files.get(n) for n in MANAGED_FILES if current.files.get(n) != baseline.files.get(n)
     }
+    state = {RECORD_NAME: baseline.record} if current.record != baseline.record else {}
     if baseline.frr_running:
         if not current.frr_running:
             action = FrrAction.START
@@ -168,7 +177,7 @@ def frr_rollback_plan(baseline: NodeFacts, current: NodeFacts) -> FrrPlan:
             action = FrrAction.RESTART if writes else FrrAction.NONE
     else:
         action = FrrAction.STOP if current.frr_running else FrrAction.NONE
-    return FrrPlan(writes, action)
+    return FrrPlan(writes, action, state)
 
 
 def write_file_command(name: str, content: str | None) -> str:
@@ -201,8 +210,8 @@ def write_file_from_stdin(name: str, content: str | None) -> str:
 def commit_script(plan: FrrPlan, net: Sequence[str] = (), *, net_first: bool = True) -> tuple[str, str]:
     """One shell script (and its stdin) making a whole commit in one SSH exec, in order: FRR
     stopped first when the plan stops it, the link changes (before the files when `net_first`,
-    else after FRR), the managed files (contents over stdin, never argv), the FRR action.
-    Empty script: nothing to do."""
+    else after FRR), the managed files (contents over stdin, never argv), the plan's `state`
+    files, the FRR action. Empty script: nothing to do."""
     frr: list[str] = []
     data: list[str] = []
     if plan.action is FrrAction.STOP:
@@ -212,6 +221,9 @@ def commit_script(plan: FrrPlan, net: Sequence[str] = (), *, net_first: bool = T
             content = plan.writes[name]
             frr.append(write_file_from_stdin(name, content))
             data.append(content or "")
+    for name, content in sorted(plan.state.items()):
+        frr.append(write_file_from_stdin(name, content))
+        data.append(content or "")
     action = None if plan.action is FrrAction.STOP else frr_action_command(plan.action)
     if action:
         frr.append(action)
