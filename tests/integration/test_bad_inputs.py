@@ -140,6 +140,12 @@ async def test_non_ascii_last_event_id_is_treated_as_absent(gw):
 FABRIC_CASES = [
     ("ospf_area of 5000 digits", {"ospf_area": "9" * 5000}, "ospf_area"),
     ("ospf_auth_key_id 10^100", {"ospf_auth_key_id": 10**100}, "ospf_auth_key_id"),
+    (  # issue 23 item 7: lines injected into the switch configuration
+        "fabric_switch_name with config lines",
+        {"fabric_switch_name": "x\nrouter bgp 1\n neighbor 6.6.6.6 remote-as 1"},
+        "fabric_switch_name",
+    ),
+    ("acked_by with a NUL", {"acked_by": "olga\x00"}, "acked_by"),
 ]
 
 

@@ -30,11 +30,11 @@ class Fabric:
 
 @pytest.fixture
 async def fabric(settings, serve):
-    # The session's database is shared by every module this xdist worker runs: start from no
-    # configuration and no job, whatever an earlier module left.
+    # The worker migrates the module's database (fresh: no fabric schema before it starts); then
+    # start from no configuration and no job, whatever an earlier test of the module left.
+    worker = await serve(worker_app(settings))
     await forget_jobs(settings)
     await forget_fabric_config(settings)
-    worker = await serve(worker_app(settings))
     gw = await serve(gateway_app(settings))
     db = gw.app.state.runtime.db
     await create_token(db, "ops-olga", Role.operator, OPERATOR_TOKEN)

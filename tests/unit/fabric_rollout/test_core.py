@@ -320,7 +320,9 @@ def test_preflight_summary_reports_mtu_drift_and_pool() -> None:
         router_id_prefix_len=30,
         expected_nodes=4,
     )
-    assert r.ready and r.underlay_mtu == 0
+    assert r.underlay_mtu == 0
+    # every node resolved, but 4 nodes do not fit the /30: a blocker, so not ready
+    assert [b.kind for b in r.blockers] == ["pool_headroom"] and not r.ready
     assert [(d.node_ip, d.bridge_mtu) for d in r.mtu_drift] == [("198.18.0.11", 9000), ("198.18.0.12", 1500)]
     # .1-.3 of the /30 (the seed's rule: only .0/.255 of a /24 are never handed out)
     assert (r.vtep_pool.capacity, r.vtep_pool.headroom, r.vtep_pool.overalloc_warn) == (3, -1, True)
@@ -350,6 +352,32 @@ def test_preflight_not_ready_when_a_node_is_unreachable() -> None:
         expected_nodes=0,
     )
     assert not r.ready and r.underlay_mtu == 9000
+
+
+def test_preflight_is_not_ready_while_it_carries_a_blocker() -> None:
+    """Issue 23 item 10: every node reuse, yet an MTU blocker: `ready` is derived, so false,
+    in the worker's result and in the contract the gateway answers (whatever it is sent)."""
+    from karios.common.contracts.fabric_rollout import FabricPreflightResult
+
+    a = resolve_node(T1, FRESH, "198.18.0.0/24", None)  # bridge MTU 9000
+    common = {
+        "underlay_cidr": "198.18.0.0/24",
+        "overrides": [],
+        "router_id_base": "198.19.1.1",
+        "router_id_prefix_len": 24,
+        "expected_nodes": 0,
+    }
+    fits = summarize([a], **common, vxlan_mtu=9000)
+    assert fits.ready and fits.blockers == []
+    r = summarize([a], **common, vxlan_mtu=9216)
+    assert all(n.mode == "reuse" for n in r.nodes)
+    assert [b.kind for b in r.blockers] == ["mtu"] and r.ready is False
+    dumped = r.model_dump(mode="json")
+    assert dumped["ready"] is False
+    view = FabricPreflightResult.model_validate({**dumped, "ready": True})  # a stale "ready" is ignored
+    assert view.ready is False and view.model_dump(mode="json")["ready"] is False
+    assert FabricPreflightResult.model_validate(fits.model_dump(mode="json")).ready is True
+    assert summarize([], **common).ready is False  # no node: nothing is ready
 
 
 # -- job summary ----------------------------------------------------------------------------

@@ -89,7 +89,8 @@ def test_preflight_summary_names_outliers_largest_mtu_and_blockers_keeping_the_s
         vxlan_mtu=9000,
     )
     # The seed's contract: disagreement → underlay_mtu 0 and every pair in mtu_drift.
-    assert r.underlay_mtu == 0 and len(r.mtu_drift) == 3 and r.ready
+    assert r.underlay_mtu == 0 and len(r.mtu_drift) == 3
+    assert not r.ready  # every node is reuse, but node3's MTU blocks the apply (issue 23 item 10)
     assert r.max_vxlan_mtu == 1500
     assert [(o.fqdn, o.bridge_mtu) for o in r.mtu_outliers] == [("node3", 1500)]
     assert [(b.kind, b.node_ip, b.mtu) for b in r.blockers] == [("mtu", "198.18.0.13", 1500)]

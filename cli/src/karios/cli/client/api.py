@@ -11,12 +11,23 @@ from karios.cli.client.context import ClientContext
 
 
 class CliError(Exception):
-    """An error to print as ``karios: <message>`` and exit with ``code``."""
+    """An error to print as ``karios: <message>`` and exit with ``code``. An HTTP error answer
+    keeps its status and JSON body (``body``: the gateway's ``code``, ``field``, ``details``) for
+    a verb that has more to say about it (``karios fabric set`` on a switch ack)."""
 
-    def __init__(self, message: str, code: int = 1) -> None:
+    def __init__(self, message: str, code: int = 1, *, status: int = 0, body: Any = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.status = status
+        self.body = body
+
+
+def _json_body(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return None
 
 
 def _error_message(resp: httpx.Response) -> str:
@@ -69,7 +80,11 @@ class Api:
         if resp.status_code == 503:
             retry = resp.headers.get("Retry-After")
             raise CliError(f"unavailable ({msg}){f'; retry in {retry} s' if retry else ''}", 4)
-        raise CliError(f"{method} {path} answered {resp.status_code}: {msg}")
+        raise CliError(
+            f"{method} {path} answered {resp.status_code}: {msg}",
+            status=resp.status_code,
+            body=_json_body(resp),
+        )
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

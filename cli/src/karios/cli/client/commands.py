@@ -59,8 +59,18 @@ def nodes_adopt(
     port: Annotated[int, typer.Option(help="SSH port")] = 22,
     hostname: Annotated[str, typer.Option(help="hostname shown in lists")] = "",
     bmc: Annotated[str, typer.Option(help="its BMC address, if Karios knows it")] = "",
+    host_key_fingerprint: Annotated[
+        str,
+        typer.Option(
+            "--host-key-fingerprint",
+            metavar="SHA256:…",
+            help="the host key the node must present (`ssh-keygen -lf` on the node, or its public key "
+            "line); without it the key seen on this first contact is trusted",
+        ),
+    ] = "",
 ) -> None:
-    """Add an already-installed compute node; its SSH host key is pinned on this first contact."""
+    """Add an already-installed compute node; its SSH host key is pinned on this first contact
+    (with --host-key-fingerprint: only if it is that key, checked before any login)."""
     body: dict[str, Any] = {"node_ip": node_ip, "ssh_username": user, "ssh_port": port}
     if key is not None:
         try:
@@ -73,6 +83,8 @@ def nodes_adopt(
         body["hostname"] = hostname
     if bmc:
         body["bmc_ip"] = bmc
+    if host_key_fingerprint:
+        body["ssh_host_key_fingerprint"] = host_key_fingerprint
     with api() as a:
         r = a.post("/controlnode/nodes", json=body)
     emit(r, table("adopted", [r], ["node_ip", "hostname", "host_key_fingerprint"]))

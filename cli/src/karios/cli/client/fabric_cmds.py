@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from karios.cli.client.api import CliError
+from karios.cli.client.fabric_ack import ack_fields, needs_ack, show_ack_needed
 from karios.cli.client.fabric_diff import fetch_diff, preview, show_diff
 from karios.cli.client.shared import STATE, Watch, api, body_from, console, emit, table
 from karios.cli.client.watch import watch_fabric
@@ -33,10 +35,35 @@ def fabric_show() -> None:
 
 
 @fabric_app.command("set")
-def fabric_set(pairs: Pairs = [], file: FileOpt = None) -> None:  # noqa: B006
-    """Create or update the fabric configuration."""
+def fabric_set(
+    pairs: Pairs = [],  # noqa: B006
+    file: FileOpt = None,
+    ack: Annotated[
+        str, typer.Option("--ack", metavar="HASH", help="the switch_snippet_hash of the snippet applied")
+    ] = "",
+    acked_by: Annotated[
+        str, typer.Option("--acked-by", metavar="NAME", help="who applied the switch snippet (audit log)")
+    ] = "",
+    all_nos: Annotated[bool, typer.Option("--all-nos", help="on an ack: the snippets of every NOS")] = False,
+    skip_switch_ack: Annotated[
+        bool, typer.Option("--skip-switch-ack", help="store without the switch ack (fabric_admin; audited)")
+    ] = False,
+) -> None:
+    """Create or update the fabric configuration. A change the switch must follow (its BGP listen
+    range moves) prints the switch snippet and its hash, and exits 5: apply it on the switch, then
+    re-run with --ack HASH --acked-by NAME."""
+    body = body_from(file, pairs) | ack_fields(ack, acked_by, skip_switch_ack)
     with api() as a:
-        r = a.post("/controlnode/fabric-config", json=body_from(file, pairs))
+        try:
+            r = a.post("/controlnode/fabric-config", json=body)
+        except CliError as err:
+            gate = needs_ack(err)
+            if gate is None:
+                raise
+            raise show_ack_needed(
+                gate, console, pairs=pairs, file=file, all_nos=all_nos, acked_by=acked_by,
+                as_json=STATE["output"] == "json",
+            ) from None  # fmt: skip
     emit(r, table("fabric-config", [r], ["fabric_switch_nos", "vtep_pool_cidr", "rollout_status"]))
 
 

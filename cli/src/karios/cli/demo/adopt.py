@@ -1,6 +1,7 @@
 """Adoption of the demo's lab nodes through the gateway (``karios demo --fabric``): each node with
-the lab's SSH key (the worker pins its host key on first contact), then the demo's fabric
-configuration (:func:`karios.cli.demo.config.demo_fabric_config`). Stdlib only."""
+the lab's SSH key and the fingerprint of the host key the lab made for it (the worker pins that
+key, no other), then the demo's fabric configuration
+(:func:`karios.cli.demo.config.demo_fabric_config`). Stdlib only."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def _api(gateway: str, token: str, method: str, path: str, body: object = None) 
 
 def adopt_and_configure(lab: FabricLab, gateway: str, token: str) -> list[dict]:
     """Adopt every lab node through the gateway (``POST /controlnode/nodes`` with the lab's SSH
-    key: the worker pins each host key on first contact) and store :func:`demo_fabric_config`.
+    key and the node's host key fingerprint: the worker pins that key, refusing any other before
+    logging in) and store :func:`demo_fabric_config`.
     Returns the adopted nodes as the gateway answered them (no secrets). A refusal raises
     RuntimeError with the gateway's message; a pinned fingerprint other than the node's own key
     (someone else answered on that address) too."""
@@ -48,6 +50,8 @@ def adopt_and_configure(lab: FabricLab, gateway: str, token: str) -> list[dict]:
             "ssh_private_key": key,
             "ssh_port": n.ssh_port,
             "hostname": n.name,
+            # The lab made the node's host key: adopt only if that is the key answering.
+            "ssh_host_key_fingerprint": n.host_key_fingerprint,
         }
         status, answer = _api(gateway, token, "POST", "/controlnode/nodes", body)
         if status != 201:

@@ -101,7 +101,8 @@ class InventoryService:
     # -- compute nodes (the fabric's node set) --------------------------------------------------
     async def adopt_node(self, cmd: AdoptNode) -> ComputeNode:
         """Pin the host key through the fabric worker (one SSH contact), then store the node.
-        Unreachable, refused login or a changed key: the fabric's error, nothing stored."""
+        Unreachable, refused login, a changed key or a fabric job running (409
+        FABRIC_JOB_RUNNING): the fabric's error, nothing stored. No fabric worker: 503."""
         async with self.db.session() as session:
             earlier = await compute.get(session, cmd.node_ip)
         pin = PinNodeHostKey.model_validate(
@@ -161,8 +162,8 @@ class InventoryService:
         raise NotFound(f"node_ip: no compute node with address {q.node_ip}", field="node_ip")
 
     async def remove_compute_node(self, cmd: RemoveComputeNode) -> ComputeNode:
-        """409 (from the fabric worker) while the node holds fabric state; else the node leaves
-        the set and its pinned host key is forgotten."""
+        """409 (from the fabric worker) while the node holds fabric state or a fabric job runs;
+        else the node leaves the set and its pinned host key is forgotten. No worker: 503."""
         node = await self.compute_node(ComputeNodeQuery(node_ip=cmd.node_ip))
         await self.bus.request(
             self.bus.subjects.request("fabric", "release_node"),

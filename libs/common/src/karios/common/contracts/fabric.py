@@ -5,7 +5,9 @@
 Field names are the seed's (``../shared/seeds/000_*.txt``, ``/controlnode/fabric-config``):
 a UI already speaks them. Shapes here are deliberately lenient (plain ``str``/``int``):
 every semantic rule lives in one pure place, ``karios.fabric_worker.rules``, so each one
-answers 422 naming its field instead of a generic type error.
+answers 422 naming its field instead of a generic type error. The exception is the grammar of
+free text that lands in a switch or node configuration (:mod:`karios.common.devicetext`): the
+input models refuse it at the API (:class:`DeviceTextRules`), the stored-config rules again.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from karios.common.contracts.base import Query
+from karios.common.contracts.fabric_plan import FabricPlan as FabricPlan
+from karios.common.contracts.fabric_plan import FabricPlanRequest as FabricPlanRequest
+from karios.common.contracts.fabric_plan import PlannedConfig as PlannedConfig
 from karios.common.contracts.fabric_rollout import FabricJobView
+from karios.common.devicetext import DeviceTextRules
 from karios.common.errors import KariosError, register_error
 
 # AES-GCM associated data for the two secrets: a ciphertext only decrypts as what it was stored as.
@@ -40,7 +46,9 @@ class FabricConfigFields(BaseModel):
         False, description="true: the BGP route reflector is the fabric switch; false: the gateway node"
     )
     fabric_switch_as: int = Field(0, description="AS of the fabric switch (equal to `as` means iBGP)")
-    fabric_switch_name: str = Field("", description="Fabric switch name")
+    fabric_switch_name: str = Field(
+        "", description="Fabric switch hostname: RFC 1123 label (letters, digits, inner hyphens; <= 63)"
+    )
     fabric_switch_nos: str = Field("", description="sonic, cumulus, nxos, eos (or other)")
     fabric_switch_peering_ip: str = Field("", description="Switch loopback / BGP peer address")
     fabric_switch_role: str = Field("", description="spine, leaf, border-leaf")
@@ -53,7 +61,9 @@ class FabricConfigFields(BaseModel):
     ospf_auto_ref_bw: int = Field(0, description="OSPF auto-cost reference bandwidth, Mbit/s (0 = default)")
     ospf_dead_interval: int = Field(0, description="OSPF dead interval, seconds (0 = default 40)")
     ospf_enabled: bool = Field(True, description="OSPF underlay (false: BGP underlay over management)")
-    ospf_fabric_interface: str = Field("", description="Node interface facing the fabric switch, e.g. eth1")
+    ospf_fabric_interface: str = Field(
+        "", description="Node interface facing the fabric switch, e.g. eth1 (Linux name, <= 15 characters)"
+    )
     ospf_hello_interval: int = Field(0, description="OSPF hello interval, seconds (0 = default 10)")
     public_mtu: int = Field(0, description="Virtual-router public-side MTU (DC mode)")
     router_id_base: str = Field("", description="VTEP loopback start IP, e.g. 10.255.0.1")
@@ -66,14 +76,18 @@ class FabricConfigFields(BaseModel):
 FabricConfigFields.PERSISTED = tuple(FabricConfigFields.model_fields)
 
 
-class FabricConfigInput(FabricConfigFields):
+class FabricConfigInput(DeviceTextRules, FabricConfigFields):
     """``POST /controlnode/fabric-config`` body: the fields plus write-only and transient ones."""
 
     bgp_password: str = Field(
-        "", description="Write-only; empty = unchanged", json_schema_extra={"writeOnly": True}
+        "",
+        description="Write-only; empty = unchanged. Printable ASCII, no whitespace, <= 80 characters",
+        json_schema_extra={"writeOnly": True},
     )
     ospf_auth_key: str = Field(
-        "", description="Write-only; empty = unchanged", json_schema_extra={"writeOnly": True}
+        "",
+        description="Write-only; empty = unchanged. Printable ASCII, no whitespace, <= 16 (MD5) / 64 (HMAC)",
+        json_schema_extra={"writeOnly": True},
     )
     clear_bgp_password: bool = Field(False, description="Remove the stored BGP password")
     clear_ospf_auth_key: bool = Field(False, description="Remove the stored OSPF key")
@@ -83,7 +97,7 @@ class FabricConfigInput(FabricConfigFields):
     switch_acked: bool = Field(False, description="The switch snippet of the 409 was applied")
     switch_snippet_hash: str = Field("", description="sha256 echoed from the 409 response")
     switch_nos: str = Field("", description="NOS being acked (defaults to fabric_switch_nos)")
-    acked_by: str = Field("", description="Operator identity for the audit log")
+    acked_by: str = Field("", description="Operator identity for the audit log (one line, <= 128)")
     skip_switch_ack: bool = Field(False, description="Lab/CI bypass of the ack gate; fabric_admin only")
     # Read-only fields a UI may echo back: accepted and ignored.
     bgp_mode: str = Field("", description="Read-only (derived); ignored on input")
@@ -93,6 +107,13 @@ class FabricConfigInput(FabricConfigFields):
     frr_hmac_sha_capable: bool | None = Field(None, description="Read-only (set by preflight); ignored")
     physnet: Any = Field(None, description="Read-only projection; ignored on input")
     last_job: Any = Field(None, description="Read-only projection; ignored on input")
+
+
+def _names(model: type[BaseModel]) -> set[str]:
+    return {f.alias or name for name, f in model.model_fields.items()}
+
+
+FabricPlanRequest.CONFIG_ONLY = frozenset(_names(FabricConfigInput) - _names(FabricPlanRequest))
 
 
 class FabricConfigView(FabricConfigFields):
@@ -168,88 +189,6 @@ class SwitchReconfigAckRequired(KariosError):
 
     code = "REQUIRES_SWITCH_RECONFIG_ACK"
     http_status = 409
-
-
-# ---------------------------------------------------------------------------------------------
-# Plan
-
-
-class FabricPlanRequest(Query):
-    """``POST /controlnode/fabric-config/plan`` body (seed fields plus optional rendering inputs)."""
-
-    TYPE = "karios.fabric.plan.v1"
-    model_config = ConfigDict(extra="ignore")
-
-    expected_nodes: int = Field(0, description="Sizing hint; unset = default /24 pool")
-    expected_vms: int = Field(0, description="Sizing hint for tenant subnets (notes only)")
-    fabric_switch_as: int = Field(0, description="0 => planner suggests")
-    fabric_switch_name: str = ""
-    fabric_switch_nos: str = Field("", description="sonic|cumulus|nxos|eos|other (required)")
-    fabric_switch_peering_ip: str = Field("", description="empty => planner suggests")
-    fabric_switch_role: str = Field("", description="spine|leaf|border-leaf")
-    local_as: int = Field(0, description="0 => auto-pick")
-    management_cidr: str = Field("", description='e.g. "192.168.111.0/24" (required)')
-    public_mtu: int = Field(0, description="VR public-side MTU: required in DC mode")
-    router_id_base: str = Field("", description="empty => 10.255.0.0")
-    router_id_prefix_len: int = Field(0, description="0 => auto-size; operator value honoured verbatim")
-    underlay_mode: str = Field("", description='"" / "ospf" (default) | "bgp"')
-    vxlan_mtu: int = Field(0, description="Fabric/data-plane MTU (required)")
-    # Optional extras that change the rendered switch configuration.
-    deployment_mode: str = Field("", description='"" (auto) | "cube" | "dc"')
-    external_route_reflector: bool = Field(False, description="Route reflector on the switch")
-    bfd_enabled: bool = False
-    ospf_area: str = ""
-    ospf_auth_type: str = ""
-    ospf_auth_key_id: int = 0
-    ospf_fabric_interface: str = ""
-    ospf_hello_interval: int = 0
-    ospf_dead_interval: int = 0
-    bgp_password_set: bool = Field(False, description="Render BGP authentication (placeholder secret)")
-
-
-class PlannedConfig(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
-
-    advertise_all_vni: bool = True
-    as_: int = Field(0, alias="as")
-    bfd_enabled: bool = False
-    bgp_password: str = Field("", description="Never echoed: always empty")
-    expected_nodes: int = 0
-    expected_vms: int = 0
-    external_route_reflector: bool = False
-    fabric_switch_as: int = 0
-    fabric_switch_name: str = ""
-    fabric_switch_nos: str = ""
-    fabric_switch_peering_ip: str = ""
-    fabric_switch_role: str = ""
-    management_cidr: str = ""
-    ospf_area: str = ""
-    ospf_auth_type: str = ""
-    ospf_auth_key_id: int = 0
-    ospf_auto_ref_bw: int = 0
-    ospf_dead_interval: int = 0
-    ospf_enabled: bool = True
-    ospf_fabric_interface: str = ""
-    ospf_hello_interval: int = 0
-    public_mtu: int = 0
-    rollout_status: str = ""
-    router_id_base: str = ""
-    router_id_prefix_len: int = 0
-    vxlan_mtu: int = 0
-
-
-class FabricPlan(BaseModel):
-    config: PlannedConfig
-    bgp_mode: str
-    underlay_mode: str
-    deployment_mode: str
-    vtep_capacity: int
-    vni_start: int
-    vni_end: int
-    risks: list[str] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)
-    switch_config: str = ""
-    plan_hash: str = ""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,9 +8,10 @@ Field names are the seed's (``../shared/seeds/000_*.txt``, ``/controlnode/fabric
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from karios.common.contracts.base import Command, Event, Query
 from karios.common.errors import KariosError, register_error
@@ -77,6 +78,14 @@ class PreflightBlocker(BaseModel):
     message: str
 
 
+def preflight_ready(modes: Iterable[str], blockers: Sequence[object]) -> bool:
+    """The one definition of preflight's ``ready``: nodes were found, every one resolved
+    (``reuse``, the seed's rule) and nothing blocks the apply (a blocker makes POST .../apply
+    answer 409, so "ready" with a blocker would be a lie)."""
+    found = list(modes)
+    return bool(found) and all(m == "reuse" for m in found) and not blockers
+
+
 class FabricPreflightResult(BaseModel):
     underlay_cidr: str
     nodes: list[PreflightNodeView]
@@ -85,7 +94,6 @@ class FabricPreflightResult(BaseModel):
     underlay_mtu: int
     mtu_drift: list[MtuDriftView]
     vtep_pool: VtepPoolHeadroom
-    ready: bool
     frr_hmac_sha_capable: bool | None = Field(None, description="FRR HMAC-SHA probe (null: no node probed)")
     max_vxlan_mtu: int = Field(
         0,
@@ -99,6 +107,13 @@ class FabricPreflightResult(BaseModel):
         default_factory=list,
         description="Why POST .../apply would answer 409 for the stored vxlan_mtu and pool (force: go on)",
     )
+
+    @computed_field(
+        description="Derived: true iff there are nodes, every one is reuse and there is no blocker"
+    )
+    @property
+    def ready(self) -> bool:
+        return preflight_ready((n.mode for n in self.nodes), self.blockers)
 
 
 @register_error

@@ -66,11 +66,16 @@ async def get_fabric_config(
     description=(
         "Upsert: creates on the first call (201), then merges the fields sent (200). Secrets are write-only. "
         "Moving the VTEP pool answers 409 REQUIRES_SWITCH_RECONFIG_ACK with per-NOS switch snippets; "
-        "re-POST with switch_acked, switch_snippet_hash and acked_by. skip_switch_ack needs fabric_admin."
+        "re-POST with switch_acked, switch_snippet_hash and acked_by. skip_switch_ack needs fabric_admin. "
+        "While a fabric job (apply or teardown) runs: 409 FABRIC_JOB_RUNNING naming the job, nothing written."
     ),
     responses={
         201: {"description": "Created", "model": FabricConfigView},
-        409: {"description": "REQUIRES_SWITCH_RECONFIG_ACK", "model": AckRequired},
+        409: {
+            "description": "REQUIRES_SWITCH_RECONFIG_ACK, or FABRIC_JOB_RUNNING (a fabric job runs: "
+            "`details.job_id`, `details.kind`, `details.cancel`; nothing written)",
+            "model": AckRequired,
+        },
         422: {"description": "A rule failed (named in `field`); nothing written"},
         **_ERRORS,
     },
@@ -111,7 +116,7 @@ async def post_fabric_config(
     "survives a worker restart and is retried.",
     responses={
         404: {"description": "No fabric configuration stored"},
-        409: {"description": "A fabric apply/teardown is running"},
+        409: {"description": "FABRIC_JOB_RUNNING: a fabric apply/teardown runs (named); nothing deleted"},
         **_ERRORS,
     },
 )

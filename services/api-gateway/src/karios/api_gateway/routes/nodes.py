@@ -8,7 +8,7 @@ fabric worker pins the host key on first contact.
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from karios.api_gateway.auth import Principal, Role, require
 from karios.api_gateway.readcache import node_key_of, nodes_page_key, read_cache
@@ -19,6 +19,7 @@ from karios.common.contracts.nodes import (
     ComputeNodeQuery,
     ComputeNodesQuery,
     RemoveComputeNode,
+    host_key_fingerprint,
     password_context,
     private_key_context,
 )
@@ -55,6 +56,19 @@ class AdoptRequest(BaseModel):
     ssh_port: int = Field(22, ge=1, le=65535, description="SSH port")
     hostname: HostName | None = Field(None, description="Hostname shown in lists and events")
     bmc_ip: OptBoundedIP = Field(None, description="BMC address, if the node has one Karios knows")
+    ssh_host_key_fingerprint: Text | None = Field(
+        None,
+        description="The SSH host key the node must present: its SHA256 fingerprint as `ssh-keygen -lf` "
+        "prints it ('SHA256:…', or that whole line), or the public key line ('ssh-ed25519 AAAA…'). "
+        "Checked before any login; another key: 409 HOST_KEY_MISMATCH showing both fingerprints, "
+        "nothing stored. Omitted: the key presented on this first contact is trusted and pinned.",
+        examples=["SHA256:4bonP5uN3L61JTjrkYWeUnxgiSu27qxFLI5xg+VHDQc"],
+    )
+
+    @field_validator("ssh_host_key_fingerprint")
+    @classmethod
+    def _fingerprint(cls, value: str | None) -> str | None:
+        return host_key_fingerprint(value) if value is not None and value.strip() else None
 
 
 def _node_ip(value: str) -> str:
@@ -73,12 +87,18 @@ NODE_IP = Path(description="OS address of the node", max_length=IP_MAX, json_sch
     response_model=ComputeNode,
     summary="Adopt an installed compute node (SSH host key pinned on first contact)",
     description="The fabric worker connects once with the given credentials and pins the node's "
-    "SSH host key; the answer carries its fingerprint. Unreachable or login refused: 502 naming "
+    "SSH host key (the one `ssh_host_key_fingerprint` names, if given; else the first one it sees); "
+    "the answer carries its fingerprint. Unreachable or login refused: 502 naming "
     "the address and the cause, nothing stored. A key other than the pinned one: 409 "
-    "HOST_KEY_CHANGED. Adopting an adopted node again replaces its credentials (same key only).",
+    "HOST_KEY_CHANGED. Adopting an adopted node again replaces its credentials (same key only). "
+    "While a fabric job (apply or teardown) runs: 409 FABRIC_JOB_RUNNING naming the job, nothing stored.",
     responses={
         **_COMMON,
-        409: _err("The node's host key differs from the pinned one (HOST_KEY_CHANGED)"),
+        409: _err(
+            "The node's host key differs from the pinned one (HOST_KEY_CHANGED) or from "
+            "ssh_host_key_fingerprint (HOST_KEY_MISMATCH, both fingerprints shown), or a fabric job is "
+            "running (FABRIC_JOB_RUNNING, names the job)"
+        ),
         422: _err("Invalid field (named in `field`)"),
         502: _err("The node is unreachable or refused the login (NODE_UNREACHABLE, names address and cause)"),
     },
@@ -106,6 +126,7 @@ async def adopt_node(
         hostname=body.hostname,
         bmc_ip=body.bmc_ip,
         connect_timeout=CONNECT_TIMEOUT,
+        expected_host_key_fingerprint=body.ssh_host_key_fingerprint,
     )
     return await rt.bus.request(
         rt.bus.subjects.request("inventory", "adopt_node"),
@@ -166,11 +187,15 @@ async def get_node(
     description="Refused (409 naming the node and its VTEP) while the node holds fabric state: tear "
     "it down first with DELETE /controlnode/fabric-config/node/{node_ip}. Otherwise the node "
     "leaves the set (a BMC registration keeps its record without the OS address) and its pinned "
-    "host key is forgotten. Answers the removed node.",
+    "host key is forgotten. Answers the removed node. While a fabric job (apply or teardown) runs: 409 "
+    "FABRIC_JOB_RUNNING naming the job, nothing removed.",
     responses={
         **_COMMON,
         404: _err("No compute node with this address"),
-        409: _err("The node holds fabric state (VTEP allocated): tear it down first"),
+        409: _err(
+            "The node holds fabric state (VTEP allocated): tear it down first; or a fabric job is "
+            "running (FABRIC_JOB_RUNNING, names the job)"
+        ),
         422: _err("node_ip is not an IP"),
     },
 )

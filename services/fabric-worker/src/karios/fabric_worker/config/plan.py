@@ -34,6 +34,18 @@ def _last_host(net: ipaddress.IPv4Network) -> str:
     return str(last)
 
 
+def _with_cidr(req: FabricPlanRequest) -> FabricPlanRequest:
+    """``router_id_cidr`` (as on POST /fabric-config) decoded into base + prefix length."""
+    if not req.router_id_cidr.strip():
+        return req
+    base, prefix = rules.resolve_router_id_cidr(
+        req.router_id_cidr, req.router_id_base, req.router_id_prefix_len
+    )
+    return req.model_copy(
+        update={"router_id_base": base, "router_id_prefix_len": prefix, "router_id_cidr": ""}
+    )
+
+
 def _check_request(req: FabricPlanRequest) -> None:
     nos = req.fabric_switch_nos.strip().lower()
     if not nos:
@@ -46,12 +58,12 @@ def _check_request(req: FabricPlanRequest) -> None:
         raise _fail("management_cidr", f"{req.management_cidr!r} is not an IPv4 CIDR")
     if not req.vxlan_mtu:
         raise _fail("vxlan_mtu", "required (1500 default; 9216 for jumbo frames)")
-    if req.underlay_mode.strip().lower() not in ("", "ospf", "bgp"):
+    if req.underlay not in ("", "ospf", "bgp"):
         raise _fail("underlay_mode", f"{req.underlay_mode!r} is not ospf or bgp")
     if req.deployment_mode.strip().lower() not in ("", "cube", "dc"):
         raise _fail("deployment_mode", f"{req.deployment_mode!r} is not cube or dc")
-    if req.local_as and not rules._asn_ok(req.local_as):
-        raise _fail("local_as", f"{req.local_as} is not a 2- or 4-byte ASN (1..4294967295, not 23456)")
+    if req.node_as and not rules._asn_ok(req.node_as):
+        raise _fail(req.node_as_field, f"{req.node_as} is not a 2- or 4-byte ASN (1..4294967295, not 23456)")
     sizing = rules.rule_sizing(
         FabricConfigFields(expected_nodes=req.expected_nodes, expected_vms=req.expected_vms),
         rules.RuleContext(),
@@ -65,11 +77,12 @@ def _check_request(req: FabricPlanRequest) -> None:
 def plan_fabric(req: FabricPlanRequest) -> FabricPlan:
     """Size the VTEP pool, fill in suggestions, list risks and notes, render the switch config.
     The numbered steps are the algorithm of docs/fabric.md; notes and risks keep their order."""
+    req = _with_cidr(req)
     _check_request(req)
     notes: list[str] = []
     risks: list[str] = []
     nos = req.fabric_switch_nos.strip().lower()
-    underlay = req.underlay_mode.strip().lower() or "ospf"
+    underlay = req.underlay or "ospf"
     mgmt = ipaddress.IPv4Network(req.management_cidr.strip(), strict=False)
     base, prefix = _pool_size(req, notes)  # 1
     local_as, switch_as = _asns(req, notes)  # 2
@@ -78,6 +91,7 @@ def plan_fabric(req: FabricPlanRequest) -> FabricPlan:
     mode = _deployment_mode(req, notes)  # 4
     vni_end = _vni_end(req, notes)  # 5
     planned = PlannedConfig(
+        advertise_all_vni=req.advertise_all_vni,
         as_=local_as,
         bfd_enabled=req.bfd_enabled,
         expected_nodes=req.expected_nodes,
@@ -93,6 +107,7 @@ def plan_fabric(req: FabricPlanRequest) -> FabricPlan:
         ospf_auth_type=req.ospf_auth_type.strip().lower(),
         ospf_auth_key_id=req.ospf_auth_key_id
         or (1 if req.ospf_auth_type.strip().lower() not in ("", "none") else 0),
+        ospf_auto_ref_bw=req.ospf_auto_ref_bw,
         ospf_dead_interval=req.ospf_dead_interval,
         ospf_enabled=underlay == "ospf",
         ospf_fabric_interface=req.ospf_fabric_interface.strip(),
@@ -144,9 +159,9 @@ def _pool_size(req: FabricPlanRequest, notes: list[str]) -> tuple[str, int]:
 
 def _asns(req: FabricPlanRequest, notes: list[str]) -> tuple[int, int]:
     """2. ASNs: one AS (iBGP) unless the operator gave two different ones."""
-    local_as = req.local_as or req.fabric_switch_as or DEFAULT_AS
+    local_as = req.node_as or req.fabric_switch_as or DEFAULT_AS
     switch_as = req.fabric_switch_as or local_as
-    if not req.local_as:
+    if not req.node_as:
         notes.append(
             f"local_as auto-picked: {local_as}" + (" (the switch's AS: iBGP)" if req.fabric_switch_as else "")
         )

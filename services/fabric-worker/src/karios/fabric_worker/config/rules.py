@@ -7,11 +7,12 @@ and a reason an operator can act on. ``docs/fabric.md`` lists them in this order
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from karios.common import devicetext
 from karios.common.contracts.fabric import FabricConfigFields, FabricConfigInput
+from karios.common.devicetext import BGP_PASSWORD_MAX, HMAC_KEY_MAX, MD5_KEY_MAX
 from karios.common.errors import ValidationFailed
 from karios.fabric_worker.config.pool import VtepPool
 
@@ -27,10 +28,6 @@ VXLAN_OVERHEAD = 50  # outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8
 MIN_TENANT_MTU = 1280  # IPv6 minimum link MTU: the smallest tenant frame worth carrying
 MAX_MTU = 9216
 MIN_VTEP_PREFIX, MAX_VTEP_PREFIX = 8, 30
-MD5_KEY_MAX = 16  # RFC 2328 message-digest key (FRR truncates longer keys silently)
-HMAC_KEY_MAX = 64
-BGP_PASSWORD_MAX = 80  # TCP-MD5 keys (RFC 2385) on every supported NOS
-IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # Linux IFNAMSIZ - 1
 DEFAULT_VXLAN_MTU = 1500
 
 
@@ -89,6 +86,21 @@ def decode_router_id_cidr(cidr: str) -> tuple[str, int]:
     return str(iface.ip), iface.network.prefixlen
 
 
+def resolve_router_id_cidr(cidr: str, base: str, prefix_len: int) -> tuple[str, int]:
+    """``router_id_cidr`` decoded; a base or prefix length sent with it must agree (422)."""
+    rid_base, rid_len = decode_router_id_cidr(cidr)
+    if base.strip() and base.strip() != rid_base:
+        raise ValidationFailed(
+            f"router_id_cidr: {cidr} disagrees with router_id_base {base}", field="router_id_cidr"
+        )
+    if prefix_len and prefix_len != rid_len:
+        raise ValidationFailed(
+            f"router_id_cidr: /{rid_len} disagrees with router_id_prefix_len {prefix_len}",
+            field="router_id_cidr",
+        )
+    return rid_base, rid_len
+
+
 def encode_router_id_cidr(base: str, prefix_len: int) -> str:
     return f"{base}/{prefix_len}" if base and prefix_len else ""
 
@@ -124,22 +136,11 @@ def merge(
         key = "as_" if name == "as" else name
         base[key] = data[key]
     if inp.router_id_cidr.strip():
-        rid_base, rid_len = decode_router_id_cidr(inp.router_id_cidr)
-        if "router_id_base" in sent and inp.router_id_base and inp.router_id_base.strip() != rid_base:
-            raise ValidationFailed(
-                f"router_id_cidr: {inp.router_id_cidr} disagrees with router_id_base {inp.router_id_base}",
-                field="router_id_cidr",
-            )
-        if (
-            "router_id_prefix_len" in sent
-            and inp.router_id_prefix_len
-            and inp.router_id_prefix_len != rid_len
-        ):
-            raise ValidationFailed(
-                f"router_id_cidr: /{rid_len} disagrees with router_id_prefix_len {inp.router_id_prefix_len}",
-                field="router_id_cidr",
-            )
-        base["router_id_base"], base["router_id_prefix_len"] = rid_base, rid_len
+        base["router_id_base"], base["router_id_prefix_len"] = resolve_router_id_cidr(
+            inp.router_id_cidr,
+            inp.router_id_base if "router_id_base" in sent else "",
+            inp.router_id_prefix_len if "router_id_prefix_len" in sent else 0,
+        )
     for key in ("fabric_switch_nos", "fabric_switch_role", "ospf_auth_type"):
         base[key] = str(base[key]).strip().lower()
     for key in ("router_id_base", "management_cidr", "fabric_switch_peering_ip", "ospf_area"):
@@ -209,6 +210,10 @@ def rule_pool_vs_management(cfg: FabricConfigFields, _ctx: RuleContext) -> list[
 
 def rule_switch(cfg: FabricConfigFields, _ctx: RuleContext) -> list[Violation]:
     out = []
+    # The name is rendered into the switch configuration: one hostname token (devicetext), so a
+    # row stored before the API checked it is refused on its next write, not rendered.
+    if problem := devicetext.switch_name_problem(cfg.fabric_switch_name):
+        out.append(Violation("fabric_switch_name", problem))
     if cfg.fabric_switch_nos not in KNOWN_NOS:
         out.append(
             Violation(
@@ -268,10 +273,8 @@ def rule_ospf(cfg: FabricConfigFields, ctx: RuleContext) -> list[Violation]:
         out.append(Violation("ospf_dead_interval", f"{dead}s must exceed ospf_hello_interval {hello}s"))
     if cfg.ospf_auto_ref_bw and not 1 <= cfg.ospf_auto_ref_bw <= 4_294_967:
         out.append(Violation("ospf_auto_ref_bw", f"{cfg.ospf_auto_ref_bw} is outside 1..4294967 Mbit/s"))
-    if cfg.ospf_fabric_interface and not IFNAME.match(cfg.ospf_fabric_interface):
-        out.append(
-            Violation("ospf_fabric_interface", f"{cfg.ospf_fabric_interface!r} is not a Linux interface name")
-        )
+    if problem := devicetext.ifname_problem(cfg.ospf_fabric_interface):
+        out.append(Violation("ospf_fabric_interface", problem))
     return out
 
 

@@ -3,6 +3,11 @@
 Every write takes one transaction-scoped advisory lock, so a config change, a delete and
 VTEP allocations never interleave: concurrent allocations cannot hand out one address twice
 (the primary key on ``vtep_ip`` is the backstop), and a rejected request writes nothing.
+
+The lock is also the one a fabric job is queued under (``RolloutRepository.queue_job``): a
+config write checks for a running job *inside* it (:func:`refuse_while_job_runs`), so a write and
+a job start are ordered — the write lands before the job reads the config, or it is refused
+with 409 ``FABRIC_JOB_RUNNING`` and leaves the row (and its ``rollout_status``) untouched.
 """
 
 from __future__ import annotations
@@ -24,12 +29,20 @@ from karios.common.contracts.fabric import (
     VtepAllocation,
     VtepPoolStatus,
 )
+from karios.common.contracts.fabric_busy import FabricJobRunning
+from karios.common.contracts.fabric_rollout import JobStatus
 from karios.common.crypto import SecretBox
 from karios.common.errors import Conflict, NotFound, ValidationFailed
 from karios.common.telemetry import get_logger
 from karios.fabric_worker.config import ackgate, rules
 from karios.fabric_worker.config.pool import VtepPool
-from karios.fabric_worker.models import SINGLETON_ID, FabricConfigRow, SwitchAckAudit, VtepAllocationRow
+from karios.fabric_worker.models import (
+    SINGLETON_ID,
+    FabricConfigRow,
+    FabricJobRow,
+    SwitchAckAudit,
+    VtepAllocationRow,
+)
 
 log = get_logger(__name__)
 
@@ -37,10 +50,24 @@ BGP_CONTEXT = BGP_PASSWORD_CONTEXT
 OSPF_CONTEXT = OSPF_AUTH_KEY_CONTEXT
 
 
-async def _lock(session: AsyncSession) -> None:
+async def lock(session: AsyncSession) -> None:
+    """The fabric config lock, held until the caller's transaction ends (re-entrant)."""
     await (await session.connection()).execute(
         sa.text("SELECT pg_advisory_xact_lock(hashtext('karios.fabric.config'))")
     )
+
+
+async def running_job(session: AsyncSession) -> FabricJobRow | None:
+    """The fabric job running or queued now (at most one: the partial unique index)."""
+    stmt = select(FabricJobRow).where(FabricJobRow.job_status == str(JobStatus.RUNNING)).limit(1)
+    return (await session.exec(stmt)).first()
+
+
+async def refuse_while_job_runs(session: AsyncSession) -> None:
+    """409 ``FABRIC_JOB_RUNNING`` naming the job; call it under :func:`lock`, before writing."""
+    job = await running_job(session)
+    if job is not None:
+        raise FabricJobRunning.of(job.job_id, job.job_type)
 
 
 async def load(session: AsyncSession, *, for_update: bool = False) -> FabricConfigRow | None:
@@ -105,8 +132,9 @@ def _stored_secrets(req: UpsertFabricConfig, row: FabricConfigRow | None) -> tup
 
 async def upsert(session: AsyncSession, req: UpsertFabricConfig, box: SecretBox) -> FabricConfigView:
     """Merge, validate, pass the ack gate, then write config (+ audit, + pool cleanup) or nothing."""
-    await _lock(session)
+    await lock(session)
     row = await load(session, for_update=True)
+    await refuse_while_job_runs(session)  # after the row lock: a job ending now has committed
     stored = fields_of(row) if row is not None else None
     inp = req.config
     merged = rules.merge(stored, inp, set(req.fields_set))
@@ -175,8 +203,9 @@ async def _release_outside(session: AsyncSession, cfg: FabricConfigFields) -> in
 
 
 async def delete(session: AsyncSession) -> DeleteResult:
-    await _lock(session)
+    await lock(session)
     row = await load(session, for_update=True)
+    await refuse_while_job_runs(session)  # also while the teardown of a deleted config runs
     if row is None:
         raise NotFound("no fabric configuration is stored")
     released = (await (await session.connection()).execute(sa.delete(VtepAllocationRow))).rowcount or 0  # type: ignore[attr-defined]
@@ -215,7 +244,7 @@ async def pool_status(session: AsyncSession) -> VtepPoolStatus:
 
 async def allocate(session: AsyncSession, node_ip: str) -> VtepAllocation:
     """The node's address if it has one, else the lowest free one. Conflict when the pool is full."""
-    await _lock(session)
+    await lock(session)
     row = await load(session)
     if row is None:
         raise NotFound("no fabric configuration is stored")
@@ -240,7 +269,7 @@ async def allocate(session: AsyncSession, node_ip: str) -> VtepAllocation:
 
 
 async def release(session: AsyncSession, node_ip: str) -> VtepAllocation:
-    await _lock(session)
+    await lock(session)
     existing = (
         await session.exec(select(VtepAllocationRow).where(VtepAllocationRow.node_ip == node_ip))
     ).first()

@@ -56,9 +56,9 @@ NO_NODES = "no registered node has an OS IP to roll the fabric out to"
 
 async def check_apply(
     svc: RolloutService, node_ip: str = "", *, force: bool = False
-) -> tuple[int, list[NodeAccess], list[PreflightBlocker]]:
-    """Whether an apply may start now: (config id, the nodes it would reach, the preflight
-    blockers a fabric_admin forced past). Decrypts nothing."""
+) -> tuple[FabricConfigRow, list[NodeAccess], list[PreflightBlocker]]:
+    """Whether an apply may start now: (the config row checked, the nodes it would reach, the
+    preflight blockers a fabric_admin forced past). Decrypts nothing."""
     await svc.repo.check_idle()
     row = await svc.repo.config()
     if not svc.vnis:
@@ -79,7 +79,15 @@ async def check_apply(
             field=found[0].field,
             details={"blockers": [b.model_dump() for b in found], "max_vxlan_mtu": largest},
         )
-    return row.id, access, found
+    return row, access, found
+
+
+async def _still(session: Any, checked: FabricConfigRow) -> None:
+    """In the job row's transaction, under the config lock: the configuration is still the one
+    :func:`check_apply` judged (a write that landed in between: 409, send the apply again)."""
+    now = await store.load(session)
+    if now is None or now.updated_at != checked.updated_at:
+        raise Conflict("the fabric configuration changed while the apply was checked; send it again")
 
 
 def _blockers(
@@ -112,7 +120,7 @@ def _forced(q: RequestFabricApply) -> bool:
 
 async def request_apply(svc: RolloutService, q: RequestFabricApply) -> ApplyAccepted:
     node_ip = check_ip(q.node_ip) if q.node_ip else ""
-    config_id, access, forced = await check_apply(svc, node_ip, force=_forced(q))
+    checked, access, forced = await check_apply(svc, node_ip, force=_forced(q))
     if forced:
         log.warning(
             "fabric apply forced past preflight blockers",
@@ -134,9 +142,11 @@ async def request_apply(svc: RolloutService, q: RequestFabricApply) -> ApplyAcce
     subject = svc.rt.bus.subjects.cmd("fabric", "apply")
 
     async def command(session: Any) -> None:  # in the job row's transaction (the outbox, ADR 0002)
+        await _still(session, checked)
         await svc.outbox.add(session, cmd, subject, entity=job_id, msg_id=job_id)
 
-    await svc.repo.queue_job(summary, request, then=command)  # 409 when another job got in first
+    # Under the config lock: 409 when another job got in first; a config write waits for it.
+    await svc.repo.queue_job(summary, request, then=command)
     if svc.after_commit is not None:
         svc.after_commit()  # chaos tests: die between the commit and the relay
     what = f"node {node_ip}" if node_ip else "every registered node"
@@ -144,7 +154,7 @@ async def request_apply(svc: RolloutService, q: RequestFabricApply) -> ApplyAcce
     return ApplyAccepted(
         apply_job_id=job_id,
         created=True,
-        id=config_id,
+        id=checked.id,
         message=f"fabric apply to {what} queued{note}; follow SSE channel fabric (fabric_switch) or "
         f"job:{job_id}",
     )

@@ -22,6 +22,15 @@ class HostKeyChanged(Conflict):
 
 
 @register_error
+class HostKeyMismatch(Conflict):
+    """At adoption, the node presented a host key other than the one the operator gave
+    (``ssh_host_key_fingerprint``): nothing was sent to it, nothing stored."""
+
+    code = "HOST_KEY_MISMATCH"
+    retryable = False
+
+
+@register_error
 class NodeCommandFailed(UpstreamError):
     """A command on the node exited non-zero or timed out."""
 

@@ -1,6 +1,9 @@
 """Compute nodes joining or leaving the node set (asked by the inventory): pin a node's SSH host
 key on first contact through the rollout's own SSH adapter and pin store, and release a node
-(refused while it holds fabric state).
+(refused while it holds fabric state). Both are refused (409 ``FABRIC_JOB_RUNNING`` naming the
+job) while a fabric job runs: the inventory asks before it writes, so the node set does not
+change under an apply or teardown. A first boot (``reinstalled``) is not refused: it reports a
+reinstall that already happened.
 
 - ``req.fabric.pin_host_key``  :func:`pin_host_key` (adoption: one connection, nothing run)
 - ``req.fabric.release_node``  :func:`release_node`
@@ -11,6 +14,7 @@ from __future__ import annotations
 from functools import partial
 
 import asyncssh
+from asyncssh.saslprep import SASLPrepError, saslprep
 
 from karios.common.contracts.nodes import (
     PinnedHostKey,
@@ -21,6 +25,7 @@ from karios.common.contracts.nodes import (
 )
 from karios.common.errors import Conflict, ValidationFailed
 from karios.fabric_worker.rollout.access import adoption_target, private_key
+from karios.fabric_worker.rollout.expected_key import expect_host_key
 from karios.fabric_worker.rollout.service import RolloutService
 from karios.fabric_worker.rollout.ssh import open_session
 
@@ -30,7 +35,13 @@ def fingerprint(host_key: str) -> str:
     return asyncssh.import_public_key(host_key).get_fingerprint("sha256")
 
 
-def _check_private_key(svc: RolloutService, q: PinNodeHostKey) -> None:
+def _check_credentials(svc: RolloutService, q: PinNodeHostKey) -> None:
+    try:  # asyncssh SASLpreps the user name before it connects (found by the gateway fuzzer: a 500)
+        saslprep(q.os_username)
+    except SASLPrepError as exc:
+        raise ValidationFailed(
+            f"ssh_username: not usable as an SSH user name ({exc})", field="ssh_username"
+        ) from None
     if not q.ssh_private_key_enc:
         return
     text = svc.box.decrypt(q.ssh_private_key_enc, context=private_key_context(q.node_ip))
@@ -44,14 +55,20 @@ def _check_private_key(svc: RolloutService, q: PinNodeHostKey) -> None:
 
 async def pin_host_key(svc: RolloutService, q: PinNodeHostKey) -> PinnedHostKey:
     """Connect once (the pinned key, if any, must match: 409 HOST_KEY_CHANGED); unreachable or
-    login refused: 502 NODE_UNREACHABLE naming address and cause. A first-seen key is pinned."""
-    _check_private_key(svc, q)
+    login refused: 502 NODE_UNREACHABLE naming address and cause. A first-seen key is pinned. With
+    an expected fingerprint the node must present that key before any login (409
+    HOST_KEY_MISMATCH, :mod:`~karios.fabric_worker.rollout.expected_key`); without, first use."""
+    _check_credentials(svc, q)
+    await svc.repo.check_idle()  # 409 FABRIC_JOB_RUNNING: no SSH contact, nothing pinned
     pinned = (await svc.repo.host_keys()).get(q.node_ip)
     known = pinned or q.known_host_key
     use_worker_key = not (q.os_password_enc or q.ssh_private_key_enc)
     target = adoption_target(q, svc.box, private_key(svc.settings) if use_worker_key else None, known)
+    if q.expected_host_key_fingerprint:  # 409 HOST_KEY_MISMATCH before any login is tried
+        target = await expect_host_key(target, q.expected_host_key_fingerprint, limit_s=q.connect_timeout)
     async with open_session(target, connect_timeout=q.connect_timeout) as session:
-        host_key, first = session.host_key, session.host_key_first_seen
+        host_key, first = session.host_key, known is None
+    await svc.repo.check_idle()  # again: a job may have started during the SSH contact
     if pinned is None:
         await svc.remember({q.node_ip: host_key})
         if (await svc.repo.host_keys()).get(q.node_ip) != host_key:  # pinned by another contact meanwhile
@@ -65,6 +82,7 @@ async def release_node(svc: RolloutService, q: ReleaseFabricNode) -> ReleasedFab
     """Forget the node's pinned key; refused (409) while a VTEP is allocated to it, unless the
     node was just reinstalled (its first boot: the old key is void, the fabric state stays)."""
     if not q.reinstalled:
+        await svc.repo.check_idle()  # 409 FABRIC_JOB_RUNNING naming the job
         vtep = (await svc.repo.allocations()).get(q.node_ip)
         if vtep is not None:
             raise Conflict(

@@ -10,9 +10,9 @@ import ipaddress
 from collections import Counter
 from collections.abc import Sequence
 
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field
 
-from karios.common.contracts.fabric_rollout import PreflightBlocker, VtepPoolHeadroom
+from karios.common.contracts.fabric_rollout import PreflightBlocker, VtepPoolHeadroom, preflight_ready
 from karios.common.errors import KariosError
 from karios.fabric_worker.rollout import judge
 from karios.fabric_worker.rollout.errors import HostKeyChanged
@@ -57,11 +57,16 @@ class PreflightResult(BaseModel):
     underlay_mtu: int
     mtu_drift: list[MtuDrift]
     vtep_pool: VtepPoolHeadroom
-    ready: bool
     frr_hmac_sha_capable: bool | None  # None: no node could be probed
     max_vxlan_mtu: int = 0
     mtu_outliers: list[MtuDrift] = []
     blockers: list[PreflightBlocker] = []
+
+    @computed_field
+    @property
+    def ready(self) -> bool:
+        """Derived, never stored: nodes, every one reuse, and no blocker (the contract's rule)."""
+        return preflight_ready((n.mode for n in self.nodes), self.blockers)
 
 
 def seen(nodes: Sequence[PreflightNode]) -> list[NodeSeen]:
@@ -147,7 +152,6 @@ def summarize(
         underlay_mtu=underlay_mtu,
         mtu_drift=drift,
         vtep_pool=pool,
-        ready=bool(nodes) and all(n.mode == "reuse" for n in nodes),
         frr_hmac_sha_capable=all(probes) if probes else None,
         max_vxlan_mtu=judge.max_vxlan_mtu(judged),
         mtu_outliers=[

@@ -155,12 +155,10 @@ class RolloutRepository:
             return (await s.exec(q)).first()
 
     async def check_idle(self) -> None:
-        """409 while any replica runs (or has queued) an apply/teardown."""
+        """409 ``FABRIC_JOB_RUNNING`` while any replica runs (or has queued) an apply/teardown.
+        An early answer only: the writes check again under the config lock."""
         async with self.db.session() as s:
-            row = (await s.exec(select(Row).where(Row.job_status == RUNNING))).first()
-        if row is not None:
-            what = "apply" if row.job_type == JobType.APPLY else "teardown"
-            raise Conflict(f"fabric {what} {row.job_id} is still running", field="apply_job_id")
+            await store.refuse_while_job_runs(s)
 
     async def save_job(self, summary: JobSummary) -> None:
         """Insert or update a job row that holds no lease (a job that failed before it ran)."""
@@ -194,11 +192,14 @@ class RolloutRepository:
     async def queue_job(
         self, summary: JobSummary, request: dict, then: Callable[[Any], Awaitable[None]] | None = None
     ) -> None:
-        """Write the job as queued (running, no owner yet): the partial unique index makes a
-        second running job a 409. `then(session)` runs in the same transaction (the outbox row
-        of its command: both commit or neither)."""
+        """Write the job as queued (running, no owner yet) under the config lock, so a config
+        write in flight lands before it or is refused after it (409 either way for a second
+        job; the partial unique index is the backstop). `then(session)` runs in the same
+        transaction (the outbox row of its command: both commit or neither)."""
         try:
             async with self.db.session() as s, s.begin():
+                await store.lock(s)
+                await store.refuse_while_job_runs(s)
                 await (await s.connection()).execute(self._insert(summary, "", request))
                 if then is not None:
                     await then(s)
@@ -213,6 +214,7 @@ class RolloutRepository:
         allocated, queue their teardown in the same transaction."""
         try:
             async with self.db.session() as s, s.begin():
+                await store.lock(s)  # store.delete refuses while a job runs, under this lock
                 rows = (await s.exec(select(VtepAllocationRow))).all()
                 allocated = {
                     r.node_ip: r.vtep_ip for r in rows if registered is None or r.node_ip in registered
