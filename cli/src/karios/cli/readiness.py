@@ -8,6 +8,8 @@ import os
 import urllib.error
 import urllib.request
 
+from karios.common.instance import INSTANCE_HEADER
+
 #: The port setting of each service and its default (``KariosSettings``; a unit test keeps them
 #: equal). The environment overrides it as for the service itself: ``KARIOS_<SETTING>``.
 READY_PORTS: dict[str, tuple[str, int]] = {
@@ -33,12 +35,18 @@ def ready(service: str, timeout: float) -> int:
     return 0 if ok else 1
 
 
-def probe(url: str, timeout: float) -> tuple[bool, str]:
+def probe(url: str, timeout: float, instance: str = "") -> tuple[bool, str]:
     """Whether a readiness URL answers 200 now, and what it said (no answer: not ready).
-    Also ``karios up``'s start-up and supervisor check (:func:`karios.cli.supervisor.is_ready`)."""
+    Also ``karios up``'s start-up and supervisor check (:func:`karios.cli.supervisor.is_ready`):
+    with `instance`, only the process started with that ``KARIOS_INSTANCE_ID`` counts — a
+    foreign process holding the port is not the service, whatever it answers."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (our own 127.0.0.1 URL)
-            return r.status == 200, r.read().decode(errors="replace")
+            body = r.read().decode(errors="replace")
+            got = r.headers.get(INSTANCE_HEADER, "")
+            if instance and got != instance:
+                return False, f"answered by another process (instance {got or 'none'}), not the one started"
+            return r.status == 200, body
     except urllib.error.HTTPError as exc:
         return False, exc.read().decode(errors="replace")
     except OSError as exc:

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from karios.cli.readiness import probe
+from karios.common.instance import INSTANCE_ENV
 
 
 @dataclass
@@ -65,6 +67,8 @@ class Child:
     restart_at: float | None = None
     down_since: float | None = None
     starts: int = 0
+    #: This start's ``KARIOS_INSTANCE_ID``: readiness counts only this process's answer.
+    instance: str = ""
 
 
 class CrashLoop(RuntimeError):
@@ -88,9 +92,11 @@ class Supervisor:
 
     def _spawn(self, child: Child) -> None:
         out = open(child.log_path, "ab")  # noqa: SIM115 (handed to the child; closed below)
+        child.instance = uuid.uuid4().hex
+        env = {**self.env, **child.env, INSTANCE_ENV: child.instance}
         try:
             child.proc = subprocess.Popen(
-                child.argv, env={**self.env, **child.env}, stdout=out, stderr=out, preexec_fn=self.preexec
+                child.argv, env=env, stdout=out, stderr=out, preexec_fn=self.preexec
             )
         finally:
             out.close()  # the child holds its own descriptor
@@ -119,7 +125,11 @@ class Supervisor:
                 self._spawn(child)
                 assert child.proc is not None
                 self.say(child, f"{child.name} restarted (pid {child.proc.pid}, start {child.starts})")
-            if child.down_since is not None and child.restart_at is None and is_ready(child.ready_url):
+            if (
+                child.down_since is not None
+                and child.restart_at is None
+                and is_ready(child.ready_url, instance=child.instance)
+            ):
                 self.say(child, f"{child.name} ready again after {now - child.down_since:.1f} s down")
                 child.down_since = None
 
@@ -164,6 +174,7 @@ def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(p.pid, sig)
 
 
-def is_ready(url: str, timeout: float = 0.5) -> bool:
-    """Whether the service's readiness URL answers 200 now (no answer counts as not ready)."""
-    return probe(url, timeout)[0]
+def is_ready(url: str, timeout: float = 0.5, instance: str = "") -> bool:
+    """Whether the service's readiness URL answers 200 now (no answer counts as not ready); with
+    `instance`, only that process's answer counts (see :func:`karios.cli.readiness.probe`)."""
+    return probe(url, timeout, instance)[0]

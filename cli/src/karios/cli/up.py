@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from karios.cli.embedded import EmbeddedNats, EmbeddedPostgres, die_with_parent, free_port, nats_cluster
+from karios.cli.readiness import probe
 from karios.cli.services import SERVICES
 from karios.cli.supervisor import Child, CrashLoop, CrashPolicy, Supervisor, is_ready
 
@@ -241,17 +242,21 @@ class Up:
                 self.sup.poll()
             except CrashLoop as exc:
                 child = self.sup.children[str(exc)]
-                print(f"karios: {child.name} failed to start; see {child.log_path}", file=sys.stderr)
+                print(
+                    f"karios: {child.name} failed to start{_foreign(child)}; see {child.log_path}",
+                    file=sys.stderr,
+                )
                 return False
             for name, child in list(pending.items()):
-                if child.restart_at is None and is_ready(child.ready_url, timeout=1):
+                if child.restart_at is None and is_ready(child.ready_url, timeout=1, instance=child.instance):
                     print(f"  {name:14s} ready  {urls[name]}", flush=True)
                     child.down_since = None
                     del pending[name]
             if pending and time.monotonic() >= deadline:
                 for name, child in pending.items():
                     print(
-                        f"karios: {name} failed to start: not ready in {self.args.timeout:.0f} s; "
+                        f"karios: {name} failed to start: not ready in {self.args.timeout:.0f} s"
+                        f"{_foreign(child)}; "
                         f"see {child.log_path}",
                         file=sys.stderr,
                     )
@@ -270,3 +275,9 @@ class Up:
                 self.shutdown()
                 return 1
             time.sleep(0.5)
+
+
+def _foreign(child: Child) -> str:
+    """ ", its port is held by another process …" when another process answers its readiness URL."""
+    ok, said = probe(child.ready_url, 1.0, child.instance)
+    return f": {child.ready_url} is {said}" if not ok and said.startswith("answered by another") else ""

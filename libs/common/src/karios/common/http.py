@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from karios.common.db.session import unavailable_database_error
 from karios.common.errors import KariosError, ServiceUnavailable, describe_for_log, http_status_for
+from karios.common.instance import INSTANCE_HEADER, instance_id
 from karios.common.telemetry import get_logger
 
 log = get_logger(__name__)
@@ -320,7 +321,11 @@ def add_ops_routes(app: FastAPI, ready: ReadyCheck, registry: CollectorRegistry)
     async def readyz() -> JSONResponse:
         checks = await ready()
         ok = all(checks.values())
-        return JSONResponse(status_code=200 if ok else 503, content={"ready": ok, "checks": checks})
+        return JSONResponse(
+            status_code=200 if ok else 503,
+            content={"ready": ok, "checks": checks},
+            headers={INSTANCE_HEADER: instance_id()},  # which process answered (karios up checks it)
+        )
 
     ready_gauge = Gauge(
         "karios_service_ready",

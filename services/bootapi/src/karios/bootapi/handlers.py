@@ -13,6 +13,7 @@ from karios.bootapi.hosts import CachedHostSource
 from karios.bootapi.server import BootServer
 from karios.common.bus.runtime import Bus
 from karios.common.contracts.inventory import DeviceChanged
+from karios.common.instance import INSTANCE_HEADER, instance_id
 from karios.common.telemetry import get_logger
 
 TEXT = "text/plain; charset=utf-8"
@@ -109,9 +110,10 @@ async def healthz() -> PlainTextResponse:
 async def readyz(request: Request) -> PlainTextResponse:
     """Readiness: 200 once a template set is parsed. Does not probe the inventory or NetBox."""
     store = request.app.state.store
+    who = {INSTANCE_HEADER: instance_id()}  # which process answered (karios up checks it)
     if not store.ready:
-        return PlainTextResponse("templates not loaded\n", status_code=503, media_type=TEXT)
-    return PlainTextResponse(f"ok generation={store.generation}\n", media_type=TEXT)
+        return PlainTextResponse("templates not loaded\n", status_code=503, media_type=TEXT, headers=who)
+    return PlainTextResponse(f"ok generation={store.generation}\n", media_type=TEXT, headers=who)
 
 
 @router.get("/metrics", tags=["ops"], response_class=PlainTextResponse)

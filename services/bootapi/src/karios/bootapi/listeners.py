@@ -11,6 +11,7 @@ import asyncio
 import gc
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -95,6 +96,7 @@ class GranianListener:
         from granian.constants import HTTPModes, Interfaces, SSLProtocols
         from granian.server.embed import Server
 
+        refuse_a_taken_port(self.host, self.port)
         if not any(isinstance(f, _NotExperimental) for f in logging.getLogger("_granian").filters):
             logging.getLogger("_granian").addFilter(_NotExperimental())
         self._server = server = Server(
@@ -117,6 +119,23 @@ class GranianListener:
         if self._exit:
             return
         await server.serve()
+
+
+def refuse_a_taken_port(host: str, port: int) -> None:
+    """Exit (as uvicorn does on a bind error) when another process holds ``host:port``. granian
+    binds with SO_REUSEPORT, so on its own a second, unrelated bootapi on the same port would
+    start and silently split the iPXE/kickstart traffic with the first (issue 24, S4). A plain
+    bind (no SO_REUSEPORT) fails while any socket is bound there; it is closed again at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT port is free
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise SystemExit(
+                f"bootapi cannot listen on {host}:{port}: {exc.strerror} (another process holds "
+                "the port; bootapi never shares one)"
+            ) from None
 
 
 def build_servers(settings: KariosSettings, boot: BootapiSettings) -> list[Listener]:
