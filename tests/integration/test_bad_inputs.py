@@ -161,3 +161,34 @@ async def test_fabric_config_refuses_with_the_field(settings, serve, case, body,
     assert r.status_code == 422, r.text
     assert _field(r) == field, r.text
     assert stored.status_code == 404 or str(body[field]) not in stored.text
+
+
+CALLBACK_CASES = [
+    ("complete with an os_ip that is no address", "complete", {"os_ip": "999.1.1.1"}, "os_ip"),
+    ("complete with an unknown field", "complete", {"os_ip": "", "root_password": "x"}, "root_password"),
+    (
+        "step with percent as a string",
+        "step",
+        {"step": "network", "state": "done", "percent": "50"},
+        "percent",
+    ),
+    ("step with an unknown field", "step", {"step": "network", "state": "done", "extra": 1}, "extra"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "verb", "body", "field"), CALLBACK_CASES, ids=[c[0] for c in CALLBACK_CASES]
+)
+async def test_installer_callbacks_refuse_with_the_field(gw, case, verb, body, field):
+    """Issue 24 D8: callbacks took "999.1.1.1" as the node's address, "50" as a percent, and
+    ignored unknown fields while every other body answered 422."""
+    job = "3f2b6c1e-8d4a-4f7e-9c2b-1a5e7d9f0b3c"
+    r = await gw.post(f"/controlnode/job/{job}/{verb}", json=body, headers={"Authorization": "Bearer kj_x"})
+    assert r.status_code == 422, r.text
+    assert _field(r) == field, r.text
+
+
+async def test_firstboot_refuses_an_unknown_field(gw):
+    body = {"bmc_ip": "10.0.0.9", "os_ip": "10.0.0.10", "hostname": "x"}
+    r = await gw.post("/controlnode/firstboot", json=body, headers={"Authorization": "Bearer kj_x"})
+    assert r.status_code == 422 and _field(r) == "hostname", r.text

@@ -90,8 +90,14 @@ OptBoundedIP = Annotated[
     AfterValidator(lambda v: None if v is None else check_text(v)),
     AfterValidator(_check_optional_ip),
 ]
-#: An address as an installer reports it (not parsed; "" = unknown), sized for the columns.
-IPText = Annotated[str, StringConstraints(max_length=IP_MAX), AfterValidator(check_text)]
+#: An address as an installer reports it ("" = unknown), else an IP address (issue 24 D8: a
+#: /complete with "999.1.1.1" was stored as the node's address).
+IPText = Annotated[
+    str,
+    StringConstraints(max_length=IP_MAX),
+    AfterValidator(check_text),
+    AfterValidator(lambda v: normalize_ip(v) if v else ""),
+]
 #: A PostgreSQL ``integer`` that is a database id (NetBox ids are positive).
 Int32Id = Annotated[int, Field(ge=0, le=INT32_MAX)]
 #: Any PostgreSQL ``integer``.

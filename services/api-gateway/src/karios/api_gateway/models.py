@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictInt
 from pydantic import Field as PField
 from sqlmodel import Field, SQLModel
 
@@ -129,9 +129,12 @@ class BmcIpBody(BaseModel):
 
 
 class StepBody(BaseModel):
+    # Installer callbacks are machine-written: an unknown field or a percent sent as a string is a
+    # bug in the installer script, answered 422 like every other body (issue 24 D8).
+    model_config = ConfigDict(extra="forbid")
     step: SafeText = PField(min_length=1, max_length=200, description="Stage key (network, partitioning, …)")
     state: Literal["active", "done", "failed"]
-    percent: int | None = PField(None, ge=0, le=100, description="Default: the stage's percentage")
+    percent: StrictInt | None = PField(None, ge=0, le=100, description="Default: the stage's percentage")
     message: SafeText | None = PField(
         None, max_length=16384, description="The installer's own words (the first 1 KB is kept)"
     )
@@ -141,6 +144,7 @@ class StepBody(BaseModel):
 
 
 class CompleteBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     os_ip: IPText = ""
     os_password: Secret | None = None
     message: SafeText | None = PField(
@@ -152,6 +156,7 @@ class CompleteBody(BaseModel):
 
 
 class FirstbootBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     bmc_ip: BoundedIP
     os_ip: BoundedIP
 
