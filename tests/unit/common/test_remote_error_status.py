@@ -33,3 +33,20 @@ async def test_unknown_remote_code_keeps_status_and_retryable():
 def test_a_bad_status_from_the_wire_is_ignored():
     err = error_from_dict({"code": "WHATEVER", "message": "m", "http_status": 200})
     assert http_status_for(err) == 500
+
+
+async def _stalls(_q: _Q) -> None:
+    raise TimeoutError  # what a query handler saw during a PostgreSQL stall (issue 24 D1)
+
+
+async def _bug(_q: _Q) -> None:
+    raise KeyError("x")
+
+
+async def test_a_database_stall_in_a_query_handler_is_a_503_not_a_500():
+    reply = await answer_query(json.dumps({"data": {}}).encode(), _Q, _stalls)
+    assert reply.error is not None
+    err = error_from_dict(reply.error.model_dump())
+    assert (err.code, http_status_for(err), err.retryable) == ("SERVICE_UNAVAILABLE", 503, True)
+    bug = error_from_dict((await answer_query(b"{}", _Q, _bug)).error.model_dump())
+    assert (bug.code, http_status_for(bug)) == ("INTERNAL", 500)  # a real bug stays a 500

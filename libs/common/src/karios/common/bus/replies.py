@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from karios.common.contracts.base import Contract, ErrorBody, Reply
+from karios.common.db.session import unavailable_database_error
 from karios.common.errors import KariosError, ValidationFailed, describe_for_log, public_error
 from karios.common.telemetry import get_logger
 
@@ -43,6 +44,12 @@ async def answer_query(data: bytes | None, model: type[Contract], handler: Query
     except KariosError as exc:
         return Reply(ok=False, error=ErrorBody.of(exc))
     except Exception as exc:
+        # A stalled or unreachable database is the asker's 503 (retry), as on the HTTP path: a bare
+        # TimeoutError in a handler during a PostgreSQL stall used to answer 500 (issue 24 D1).
+        unavailable = unavailable_database_error(exc)
+        if unavailable is not None:
+            log.warning("query handler: database unavailable", query=model.TYPE, cause=describe_for_log(exc))
+            return Reply(ok=False, error=ErrorBody.of(unavailable))
         # The asker sees an opaque INTERNAL; the redacted cause stays in this service's log.
         log.error("query handler failed", query=model.TYPE, cause=describe_for_log(exc))
         return Reply(ok=False, error=ErrorBody.of(public_error(exc)))
