@@ -4,7 +4,7 @@ the real inventory, fabric-worker (drift interval 1 s) and gateway, the lab's 3 
 
 Apply to 3 nodes → no drift (every node sees the others' VTEPs); on node2, by hand: edit
 ``frr.conf`` → drift "frr config"; delete vtep0 → "vtep0 missing" (named on node2 only); shut
-its BGP session → "bgp session"; each seen in the API and as an SSE ``fabric`` event naming the
+its BGP session → "bgp shutdown"; each seen in the API and as an SSE ``fabric`` event naming the
 node; a node apply repairs it → clean, and the event says so.
 Prints the time from each change on the node to its SSE event (``-s`` shows it).
 
@@ -132,11 +132,11 @@ async def test_drift_is_detected_reported_and_repaired_by_a_node_apply(api, lab)
         assert node["drifted"] and node["frr_config_sha256"] != node["intent_sha256"], node
 
         ev, timings["vtep0 missing"] = await _change(sse, lab, "ip link del vtep0", "vtep0 missing")
-        ev, timings["bgp session"] = await _change(
-            sse, lab, SHUT.format(peer=fabric_lab.FABRIC_IP), "bgp session"
+        ev, timings["bgp shutdown"] = await _change(
+            sse, lab, SHUT.format(peer=fabric_lab.FABRIC_IP), "bgp shutdown"
         )
         kinds = {f["kind"] for f in (await c.get(f"{DRIFT}/{NODE2}")).json()["findings"]}
-        assert {"frr config", "vtep0 missing", "bgp session"} <= kinds, kinds
+        assert {"frr config", "vtep0 missing", "bgp shutdown"} <= kinds, kinds
         view = (await c.get(DRIFT)).json()
         assert [n["node_ip"] for n in view["nodes"] if n["drifted"]] == [NODE2], view
 

@@ -6,13 +6,13 @@ import dataclasses
 import json
 
 from karios.fabric_worker.rollout.drift import (
-    attribute,
     judge_drift,
     parse_remote_vteps,
     remote_vteps_command,
     sha256,
     unreachable,
 )
+from karios.fabric_worker.rollout.drift_rules import attribute
 from karios.fabric_worker.rollout.facts import Interface, NodeFacts
 from karios.fabric_worker.rollout.plan import overlay_mtu
 from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_files

@@ -122,6 +122,7 @@ class NodeDriftRow(SQLModel, table=True):
     fqdn: str = ""
     drifted: bool = False
     findings: list = Field(default_factory=list, sa_type=sa.JSON)  # DriftFinding dicts
+    held: list = Field(default_factory=list, sa_type=sa.JSON)  # not reported yet: {kind, message, why} (0007)
     frr_config_sha256: str = ""
     intent_sha256: str = ""
     checked_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
@@ -139,6 +140,18 @@ class DriftRoundRow(SQLModel, table=True):
     owner: str = Field(default="", max_length=128)
     started_at: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
     finished_at: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
+
+
+class AppliedConfigRow(SQLModel, table=True):
+    """One row (id 1): the configuration the last apply gave the nodes (the config row's
+    columns as JSON, secrets still ciphertext). Drift checks it while an edit is pending (0007)."""
+
+    __tablename__ = "applied_config"
+    __table_args__ = {"schema": SCHEMA}
+
+    id: int = Field(default=SINGLETON_ID, primary_key=True)
+    config: dict = Field(sa_type=sa.JSON)
+    applied_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
 
 
 processed_messages = processed_messages_table(SQLModel.metadata, SCHEMA)

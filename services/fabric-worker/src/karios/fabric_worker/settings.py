@@ -46,6 +46,13 @@ class FabricWorkerSettings(BaseSettings):
         description="Seconds between drift rounds (a read-only verify of every node against the "
         "intent; one replica runs each round); 0 turns drift detection off",
     )
+    drift_settle: float = Field(
+        60.0,
+        ge=0,
+        description="Settle window after an apply or teardown ends, seconds: a node's BGP session, "
+        "EVPN route and remote-VTEP findings are held (not reported) until its sessions "
+        "re-establish or the window ends; 0 reports them at once",
+    )
     ack_wait: float = Field(60.0, gt=0, description="Seconds before an unacked fabric command is redelivered")
 
     def vni_list(self) -> tuple[int, ...]:

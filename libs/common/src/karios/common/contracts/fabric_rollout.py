@@ -314,8 +314,10 @@ class FabricRolloutEvent(Event):
 
 class DriftFinding(BaseModel):
     """One way a node differs from the intent. ``kind`` is one of ``unreachable``,
-    ``frr config``, ``frr not running``, ``vtep0 missing``, ``vtep0``, ``vxlan``,
-    ``bgp session``, ``evpn``, ``mtu``."""
+    ``frr config``, ``frr daemons``, ``frr vtysh.conf``, ``frr not running``, ``vtep0 missing``,
+    ``vtep0``, ``vxlan``, ``bgp session``, ``bgp shutdown`` (the neighbor shut down by hand),
+    ``evpn``, ``mtu``, ``vteps`` (this node misses remote VTEPs the other nodes see),
+    ``vtep not seen`` (no other node sees this node's VTEP)."""
 
     kind: str
     message: str
@@ -332,6 +334,16 @@ class NodeDriftView(BaseModel):
     intent_sha256: str = Field("", description="sha256 of the frr.conf the intent renders for the node")
     checked_at: str = ""
     since: str = Field("", description="when the node entered its current drift state")
+    settling: bool = Field(
+        False,
+        description="the fabric is settling after an apply: BGP/EVPN/VTEP findings are held until "
+        "the node's sessions re-establish or the settle window ends",
+    )
+    held: list[DriftFinding] = Field(
+        default_factory=list,
+        description="findings seen but not reported (yet): while settling, or a VTEP finding seen "
+        "in one round only (reported when the next round sees it too)",
+    )
 
 
 class FabricDriftView(BaseModel):
@@ -342,6 +354,13 @@ class FabricDriftView(BaseModel):
     nodes_total: int = 0
     nodes_drifted: int = 0
     nodes: list[NodeDriftView] = Field(default_factory=list)
+    settle_s: float = Field(0.0, description="settle window after an apply or teardown, seconds")
+    against: str = Field(
+        "",
+        description="what the nodes are checked against: 'config' (the stored configuration, "
+        "applied), 'last_applied' (an edit is pending or the last apply failed: the configuration "
+        "the nodes were last given), '' (nothing applied: no node is checked)",
+    )
 
 
 class FabricDriftQuery(Query):

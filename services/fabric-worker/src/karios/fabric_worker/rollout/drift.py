@@ -54,16 +54,41 @@ def parse_remote_vteps(output: str) -> dict[int, set[str]]:
     return out
 
 
+def missing_vteps(
+    seen: dict[int, set[str]], expected: set[str], vnis: tuple[int, ...]
+) -> dict[int, frozenset[str]]:
+    """Per VNI, the `expected` remote VTEPs (the other nodes' addresses) it does not see."""
+    out = {vni: frozenset(expected - seen.get(vni, set())) for vni in vnis}
+    return {vni: m for vni, m in out.items() if m}
+
+
+def missing_findings(missing: dict[int, frozenset[str]]) -> list[DriftFinding]:
+    """A ``vteps`` finding per VNI that misses some remote VTEP."""
+    return [
+        DriftFinding(kind="vteps", message=f"VNI {vni}: remote VTEPs not seen: {', '.join(sorted(m))}")
+        for vni, m in sorted(missing.items())
+        if m
+    ]
+
+
 def vtep_findings(seen: dict[int, set[str]], expected: set[str], vnis: tuple[int, ...]) -> list[DriftFinding]:
     """A finding per VNI missing some of the `expected` remote VTEPs (the other nodes' addresses)."""
-    out = []
-    for vni in vnis:
-        missing = sorted(expected - seen.get(vni, set()))
-        if missing:
-            out.append(
-                DriftFinding(kind="vteps", message=f"VNI {vni}: remote VTEPs not seen: {', '.join(missing)}")
-            )
-    return out
+    return missing_findings(missing_vteps(seen, expected, vnis))
+
+
+def bgp_admin_shutdown(evpn_summary_json: str, peer_ip: str) -> bool:
+    """The peer is shut down by configuration (``neighbor … shutdown``): FRR's summary says
+    ``"state": "Idle (Admin)"`` (``"peerState": "Admin"``; ``adminShutDown`` in ``show bgp
+    neighbor json``)."""
+    try:
+        data = json.loads(evpn_summary_json or "{}")
+    except json.JSONDecodeError:
+        return False
+    peer = (data.get("peers") or {}).get(peer_ip) if isinstance(data, dict) else None
+    if not isinstance(peer, dict):
+        return False
+    state = str(peer.get("state", ""))
+    return "(Admin)" in state or peer.get("peerState") == "Admin" or peer.get("adminShutDown") is True
 
 
 def sha256(text: str | None) -> str:
@@ -79,7 +104,21 @@ class NodeDrift:
     findings: tuple[DriftFinding, ...] = ()
     frr_config_sha256: str = ""
     intent_sha256: str = ""
-    missing_vteps: frozenset[str] = frozenset()  # expected remote VTEPs some VNI does not see
+    # The node's view of the other nodes' VTEPs (``looked``: read this round), per VNI the
+    # expected ones it misses: drift_rules.attribute decides whose finding each one is.
+    looked: bool = False
+    missing: dict[int, frozenset[str]] = dataclasses.field(default_factory=dict)
+    # Findings seen but not reported (drift_rules.hold): (finding, why) with why "settling" or
+    # "unconfirmed".
+    held: tuple[tuple[DriftFinding, str], ...] = ()
+
+    @property
+    def label(self) -> str:
+        return self.fqdn or self.node_ip
+
+    @property
+    def settling(self) -> bool:
+        return any(why == "settling" for _, why in self.held)
 
     @property
     def drifted(self) -> bool:
@@ -142,6 +181,7 @@ def _kinds(findings: list[DriftFinding]) -> set[str]:
 
 
 _CHECK_KINDS = {"frr_installed": "frr not running", "bgp_established": "bgp session", "evpn_routes": "evpn"}
+_NO_SESSION = {"bgp session", "bgp shutdown"}
 
 
 def judge_drift(
@@ -189,34 +229,22 @@ def judge_drift(
     )
     for st in steps:
         if st.step_id in _CHECK_KINDS and st.status is StepStatus.FAILED:
-            if st.step_id == "evpn_routes" and "bgp session" in _kinds(findings):
+            if st.step_id == "evpn_routes" and _kinds(findings) & _NO_SESSION:
                 continue  # no routes follows from no session: one finding is enough
+            if st.step_id == "bgp_established" and bgp_admin_shutdown(evpn_summary_json, intent.peer_ip):
+                message = f"BGP neighbor {intent.peer_ip} administratively shut down"
+                findings.append(DriftFinding(kind="bgp shutdown", message=message))
+                continue
             findings.append(DriftFinding(kind=_CHECK_KINDS[st.step_id], message=st.message))
-    missing: frozenset[str] = frozenset()
-    if remote_vteps is not None and intent.advertise_all_vni and "bgp session" not in _kinds(findings):
-        found = vtep_findings(remote_vteps, expected_vteps, intent.vnis)
-        findings += found
-        if found:
-            missing = frozenset(
-                expected_vteps - set.intersection(*(remote_vteps.get(v, set()) for v in intent.vnis))
-            )
+    looked = remote_vteps is not None and intent.advertise_all_vni and not _kinds(findings) & _NO_SESSION
+    missing = missing_vteps(remote_vteps or {}, set(expected_vteps), intent.vnis) if looked else {}
+    findings += missing_findings(missing)
     return NodeDrift(
         node_ip=node_ip,
         fqdn=facts.hostname,
         findings=tuple(findings),
         frr_config_sha256=sha256(facts.files.get("frr.conf")),
         intent_sha256=want_sha,
-        missing_vteps=missing,
+        looked=looked,
+        missing=missing,
     )
-
-
-def attribute(results: list[NodeDrift], vtep_of: dict[str, str]) -> list[NodeDrift]:
-    """Drop a node's ``vteps`` finding when every VTEP it misses belongs to a node that drifted
-    itself (its vtep0 deleted, FRR stopped…): the fault is named once, on the node that has it."""
-    broken = {vtep_of[d.node_ip] for d in results if d.node_ip in vtep_of and set(d.kinds) - {"vteps"}}
-    out = []
-    for d in results:
-        if d.missing_vteps and d.missing_vteps <= broken:
-            d = dataclasses.replace(d, findings=tuple(f for f in d.findings if f.kind != "vteps"))
-        out.append(d)
-    return out

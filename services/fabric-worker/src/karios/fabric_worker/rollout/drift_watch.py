@@ -1,11 +1,15 @@
 """Continuous drift detection (use case): every ``drift_interval`` one replica (the one whose
 lease claim on the ``drift_round`` row wins) looks at every node the fabric was applied to —
-read-only: discovery + ``show bgp l2vpn evpn summary`` — judges it against the intent
-(:mod:`.drift`), stores the verdict, and publishes ``node_drifted`` / ``node_drift_cleared`` on
-the ``fabric`` channel when a node's state changes. A round is skipped while an apply or
-teardown runs (its nodes are in flux), and finds nothing to check unless the stored intent was
-applied (``rollout_status`` ready or degraded: a changed, failed or never-applied configuration
-is not a drift). Repair: a node apply (``POST …/node/{ip}/apply``).
+read-only: discovery + ``show bgp l2vpn evpn summary`` + ``show evpn vni`` — judges it against
+what the nodes should carry (:mod:`.drift`), names each missing VTEP once and holds back what a
+settling fabric shows (:mod:`.drift_rules`), stores the verdict, and publishes ``node_drifted`` /
+``node_drift_cleared`` on the ``fabric`` channel when a node's reported state changes.
+
+What the nodes should carry: the stored configuration once applied (``rollout_status`` ready or
+degraded); while an edit is pending (or after a failed apply, whose nodes rolled back) the
+configuration the last apply gave them (``applied_config``). Nothing when none was ever applied.
+A round is skipped while an apply or teardown runs (its nodes are in flux). Repair: a node apply
+(``POST …/node/{ip}/apply``).
 
 Metrics (every replica, refreshed from the database each tick): ``karios_fabric_nodes_drifted``,
 ``karios_fabric_drift_last_check_timestamp_seconds``, ``karios_fabric_drift_round_seconds``.
@@ -32,16 +36,16 @@ from karios.common.contracts.fabric_rollout import (
 from karios.common.errors import KariosError, NotFound
 from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import get_logger
-from karios.fabric_worker.models import NodeDriftRow
+from karios.fabric_worker.models import FabricConfigRow, NodeDriftRow
 from karios.fabric_worker.rollout.access import check_ip, intent_of
 from karios.fabric_worker.rollout.drift import (
     NodeDrift,
-    attribute,
     judge_drift,
     parse_remote_vteps,
     remote_vteps_command,
     unreachable,
 )
+from karios.fabric_worker.rollout.drift_rules import Settle, attribute, held_rows, hold, last_check
 from karios.fabric_worker.rollout.facts import DISCOVER_SCRIPT, EVPN_SUMMARY_COMMAND, parse_facts
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, NodeTarget
 from karios.fabric_worker.rollout.node import RolloutOptions
@@ -50,6 +54,7 @@ from karios.fabric_worker.rollout.ssh import open_session, redact
 
 log = get_logger(__name__)
 _APPLIED = (RolloutStatus.READY, RolloutStatus.DEGRADED)
+_LAST_APPLIED = (RolloutStatus.PENDING, RolloutStatus.FAILED)  # the nodes keep the last applied one
 
 
 async def check_node(
@@ -97,6 +102,7 @@ def _row(d: NodeDrift, now: datetime) -> NodeDriftRow:
         fqdn=d.fqdn,
         drifted=d.drifted,
         findings=[f.model_dump() for f in d.findings],
+        held=held_rows(d),
         frr_config_sha256=d.frr_config_sha256,
         intent_sha256=d.intent_sha256,
         checked_at=now,
@@ -185,12 +191,42 @@ class DriftWatch:
             self.m_last.set(rnd.finished_at.timestamp())
 
 
+async def _checked_config(svc: RolloutService) -> tuple[FabricConfigRow | None, str]:
+    """What the nodes should carry, and which it is: ``config`` (the stored one, applied),
+    ``last_applied`` (an edit is pending, or the last apply failed and rolled back), or none."""
+    row = await svc.repo.config_or_none()
+    if row is None:
+        return None, ""
+    if row.rollout_status in _APPLIED:
+        return row, "config"
+    if row.rollout_status in _LAST_APPLIED:
+        applied = await svc.repo.applied_config()
+        return (applied, "last_applied") if applied is not None else (None, "")
+    return None, ""
+
+
+async def _settle(svc: RolloutService) -> Settle:
+    """The settle window opened by the end of the last apply/teardown."""
+    job = await svc.repo.latest_job()
+    since = None
+    if job is not None and job.job_status != JobStatus.RUNNING:
+        try:
+            since = datetime.fromisoformat(job.updated_at)
+        except ValueError:
+            since = None
+    return Settle(since=since, window=svc.settings.drift_settle)
+
+
 async def run_round(svc: RolloutService) -> list[NodeDrift]:
     """Check every registered node that holds a VTEP address; store and announce changes."""
-    row = await svc.repo.config_or_none()
-    if row is None or row.rollout_status not in _APPLIED:
-        await svc.repo.forget_drift([])  # no applied intent (none, changed, failed): nothing to drift from
+    row, against = await _checked_config(svc)
+    if row is None:  # no applied intent (none, never applied, being deleted): nothing to drift from
+        await svc.repo.forget_drift([])
+        if await svc.repo.config_or_none() is None:
+            await svc.repo.forget_applied()
         return []
+    if against == "config" and await svc.repo.applied_config() is None:
+        await svc.repo.keep_applied()  # applied before the record existed (migration 0007)
     intent = intent_of(row, svc.settings, svc.box)
     vteps = await svc.repo.allocations()
     access = [a for a in await svc.node_access() if a.node_ip in vteps]
@@ -212,7 +248,10 @@ async def run_round(svc: RolloutService) -> list[NodeDrift]:
     fabric = {vteps[t.node_ip] for t in targets}
     results = attribute(list(await asyncio.gather(*(one(t) for t in targets))), vteps)
     await svc.repo.forget_drift([t.node_ip for t in targets])
+    settle = await _settle(svc)
+    last = {r.node_ip: last_check(r.checked_at, r.findings, r.held) for r in await svc.repo.drift_rows()}
     now = datetime.now(UTC)
+    results = [hold(d, last.get(d.node_ip), settle, now) for d in results]
     for d in results:
         if await svc.repo.store_drift(_row(d, now)):
             log.info("fabric node drift changed", node_ip=d.node_ip, drifted=d.drifted, kinds=list(d.kinds))
@@ -239,6 +278,8 @@ def _view(r: NodeDriftRow) -> NodeDriftView:
         intent_sha256=r.intent_sha256,
         checked_at=r.checked_at.isoformat(),
         since=r.since.isoformat(),
+        settling=any(h.get("why") == "settling" for h in r.held or []),
+        held=[DriftFinding.model_validate(h) for h in r.held or []],
     )
 
 
@@ -255,4 +296,6 @@ async def drift(svc: RolloutService, q: FabricDriftQuery) -> FabricDriftView:
         nodes_total=len(rows),
         nodes_drifted=sum(1 for r in rows if r.drifted),
         nodes=[_view(r) for r in rows],
+        settle_s=svc.settings.drift_settle,
+        against=(await _checked_config(svc))[1],
     )

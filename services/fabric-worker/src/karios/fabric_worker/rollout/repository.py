@@ -27,6 +27,7 @@ from karios.common.contracts.fabric_rollout import FabricJobView, PreflightOverr
 from karios.common.errors import Conflict, NotFound
 from karios.fabric_worker.config import store
 from karios.fabric_worker.models import (
+    AppliedConfigRow,
     DriftRoundRow,
     FabricConfigRow,
     FabricJobRow,
@@ -273,6 +274,8 @@ class RolloutRepository:
             await conn.execute(sa.delete(NodeBaselineRow).where(NodeBaselineRow.job_id == summary.job_id))  # type: ignore[arg-type]
             if res.rowcount and rollout_status is not None:
                 await _mark_rollout(s, rollout_status)
+                if rollout_status in _APPLIED:  # what the nodes carry now: drift checks it while
+                    await _keep_applied(s)  # a later edit is pending
         return bool(res.rowcount)
 
     async def release(self, job_id: str) -> None:
@@ -362,6 +365,36 @@ class RolloutRepository:
     async def forget_drift(self, keep: list[str]) -> None:
         """Drop the rows of nodes no longer registered."""
         await self._exec(sa.delete(NodeDriftRow).where(NodeDriftRow.node_ip.not_in(keep)))  # type: ignore[attr-defined]
+
+    async def applied_config(self) -> FabricConfigRow | None:
+        """The configuration the last apply gave the nodes (None: never applied, or deleted)."""
+        async with self.db.session() as s:
+            row = await s.get(AppliedConfigRow, 1)
+        return FabricConfigRow(**row.config) if row is not None else None
+
+    async def keep_applied(self) -> None:
+        """Record the stored configuration as the applied one (a deployment older than 0007)."""
+        async with self.db.session() as s, s.begin():
+            await _keep_applied(s)
+
+    async def forget_applied(self) -> None:
+        await self._exec(sa.delete(AppliedConfigRow))
+
+
+_APPLIED = ("ready", "degraded")
+_NOT_APPLIED_FIELDS = {"id", "rollout_status", "created_at", "updated_at"}
+
+
+async def _keep_applied(s: Any) -> None:
+    """Copy the config row into ``applied_config`` inside the caller's transaction."""
+    row = await store.load(s)
+    if row is None:
+        return
+    config = row.model_dump(mode="json", exclude=_NOT_APPLIED_FIELDS)
+    values = {"id": 1, "config": config, "applied_at": datetime.now(UTC)}
+    stmt = pg_insert(AppliedConfigRow.__table__).values(**values)  # type: ignore[attr-defined]
+    set_ = {"config": stmt.excluded.config, "applied_at": stmt.excluded.applied_at}
+    await (await s.connection()).execute(stmt.on_conflict_do_update(index_elements=["id"], set_=set_))
 
 
 async def _mark_rollout(s: Any, status: str) -> None:
