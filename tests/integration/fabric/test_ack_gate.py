@@ -1,6 +1,7 @@
-"""Moving the switch's BGP listen range: 409 with switch snippets → ack with the hash → stored and
-audited; no ack where nothing on the switch changes. The snippets themselves are pasted on a
-real FRR route reflector in tests/integration/fabric_rollout/test_switch_snippets_lab.py."""
+"""Changing the switch configuration (here: moving its BGP listen range): 409 with switch
+snippets → ack with the hash → stored and audited; no ack where nothing on the switch changes.
+The snippets themselves are pasted on a real FRR "switch" in
+tests/integration/fabric_rollout/test_switch_snippets_lab.py."""
 
 from __future__ import annotations
 
@@ -122,9 +123,13 @@ async def test_skip_switch_ack_is_honoured_for_fabric_admin_only(fabric, setting
 async def test_unchanged_pool_and_first_post_need_no_ack(fabric, settings):
     seen = await _last_id(settings)
     await fabric.post(SWITCH_RR)
-    r = await fabric.post({**SWITCH_RR, "vxlan_mtu": 9000})
+    r = await fabric.post({**SWITCH_RR, "expected_vms": 400})  # nothing on the switch changes
     assert r.status_code == 200
     assert await _audit(settings, seen) == []
+    # The port MTU is configuration on EOS: any change of the switch configuration is gated.
+    r = await fabric.post({**SWITCH_RR, "vxlan_mtu": 9000})
+    assert r.status_code == 409 and r.json()["field"] == "vxlan_mtu", r.text
+    assert r.json()["details"]["changed_fields"] == ["vxlan_mtu"]
 
 
 async def test_no_ack_when_the_switch_runs_no_bgp(fabric, settings):
@@ -160,6 +165,10 @@ async def test_bgp_underlay_gates_the_management_subnet_not_the_pool(fabric, set
     )
     other = next(s for s in details["snippets"] if s["nos"] == "other")
     assert other["snippet"] == (
+        "interface swp1\n"
+        " no ip address 192.168.111.254/24\n"
+        " ip address 192.168.111.254/23\n"
+        "exit\n"
         "router bgp 65000\n"
         " no bgp listen range 192.168.111.0/24 peer-group KARIOS-VTEPS\n"
         " bgp listen range 192.168.110.0/23 peer-group KARIOS-VTEPS\n"

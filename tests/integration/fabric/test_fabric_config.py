@@ -11,6 +11,10 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.fabric import BASE, OPERATOR, VIEWER
 
+# These changes re-configure the switch (docs/fabric.md, ack gate); the tests here are about
+# something else: the fabric_admin client skips the ack (tests/integration/fabric/test_ack_gate.py).
+SKIP_ACK = {"skip_switch_ack": True}
+
 
 async def _rows(settings, sql: str):
     eng = create_async_engine(settings.database_url)
@@ -60,7 +64,7 @@ async def test_first_post_creates_then_get_returns_every_field_with_derived_ones
 
 async def test_second_post_updates_merging_unsent_fields_and_derives_ebgp(fabric):
     await fabric.post(BASE)
-    r = await fabric.post({"fabric_switch_as": 65100, "vxlan_mtu": 9000})
+    r = await fabric.post({"fabric_switch_as": 65100, "vxlan_mtu": 9000, **SKIP_ACK})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["created"] is False and body["bgp_mode"] == "ebgp"
@@ -113,7 +117,7 @@ async def test_secrets_are_write_only_encrypted_and_never_logged(fabric, setting
     assert "s3cret" not in caplog.text and "ospfK3y" not in caplog.text
 
     # empty input = unchanged
-    r = await fabric.post({"bgp_password": "", "vxlan_mtu": 9100})
+    r = await fabric.post({"bgp_password": "", "vxlan_mtu": 9100, **SKIP_ACK})
     assert r.json()["bgp_password_is_set"] is True
     # clear_* removes
     r = await fabric.post({"clear_bgp_password": True})
@@ -173,6 +177,7 @@ async def test_mtu_drift_against_preflight_consensus_is_rejected(fabric, setting
             "ospf_fabric_interface": "eth1",
             "ospf_auth_key": "a-long-hmac-key",
             "ospf_auth_key_id": 3,
+            **SKIP_ACK,
         }
     )
     assert r.status_code == 200, r.text
@@ -190,14 +195,14 @@ async def test_rollout_status_pending_until_rolled_out_and_legacy_empty_reads_re
     # Re-posting the same values changes nothing on the nodes: still ready.
     assert (await fabric.post({"expected_nodes": BASE["expected_nodes"]})).json()["rollout_status"] == "ready"
     # A change the nodes do not run yet: pending again (a secret counts too).
-    assert (await fabric.post({"bfd_enabled": False})).json()["rollout_status"] == "pending"
+    assert (await fabric.post({"bfd_enabled": False, **SKIP_ACK})).json()["rollout_status"] == "pending"
     async with eng.begin() as conn:
         await conn.execute(sa.text("UPDATE fabric.fabric_config SET rollout_status = 'ready'"))
     assert (await fabric.post({"bgp_password": "n3w-secret"})).json()["rollout_status"] == "pending"
     # failed/degraded stay (last_job keeps explaining them) until the next apply.
     async with eng.begin() as conn:
         await conn.execute(sa.text("UPDATE fabric.fabric_config SET rollout_status = 'failed'"))
-    assert (await fabric.post({"bfd_enabled": True})).json()["rollout_status"] == "failed"
+    assert (await fabric.post({"bfd_enabled": True, **SKIP_ACK})).json()["rollout_status"] == "failed"
     await eng.dispose()
 
 

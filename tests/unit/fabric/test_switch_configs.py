@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from karios.common.contracts.fabric import FabricPlanRequest
 from karios.fabric_worker.config.plan import plan_fabric
-from karios.fabric_worker.config.render import SWITCH_NOS, listen_range_snippet
+from karios.fabric_worker.config.render import SWITCH_NOS, render_for_nos, switch_snippet
 from tests.fixtures.golden import assert_golden
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -74,27 +75,48 @@ def test_no_secret_and_every_configured_feature_is_rendered(nos, underlay, rr):
         json.loads(text.split("# 1) CONFIG_DB patch")[1].split("\n", 1)[1].split("# repeat")[0])
 
 
-def test_listen_range_snippet_hash_changes_with_the_move_and_the_nos():
-    a = listen_range_snippet(
-        "eos", asn=65000, node_as=65000, old_range="10.255.0.0/24", new_range="10.255.0.0/23"
-    )
-    b = listen_range_snippet(
-        "eos", asn=65000, node_as=65000, old_range="10.255.0.0/24", new_range="10.255.0.0/22"
-    )
-    c = listen_range_snippet(
-        "nxos", asn=65000, node_as=65000, old_range="10.255.0.0/24", new_range="10.255.0.0/23"
-    )
+def test_switch_snippet_hash_changes_with_the_change_and_the_nos():
+    def cfg(prefix_len: int) -> SimpleNamespace:
+        return SimpleNamespace(**{**_SWITCH, "router_id_prefix_len": prefix_len})
+
+    def snip(nos: str, old: int, new: int) -> dict:
+        return switch_snippet(nos, render_for_nos(cfg(old), nos), render_for_nos(cfg(new), nos))
+
+    a, b, c = snip("eos", 24, 23), snip("eos", 24, 22), snip("nxos", 24, 23)
     assert len({a["switch_snippet_hash"], b["switch_snippet_hash"], c["switch_snippet_hash"]}) == 3
-    again = listen_range_snippet(
-        "eos", asn=65000, node_as=65000, old_range="10.255.0.0/24", new_range="10.255.0.0/23"
+    assert snip("eos", 24, 23) == a
+    assert a["snippet"] == (
+        "router bgp 65000\n"
+        "   no bgp listen range 10.255.0.0/24 peer-group KARIOS-VTEPS remote-as 65000\n"
+        "   bgp listen range 10.255.0.0/23 peer-group KARIOS-VTEPS remote-as 65000\n"
+        "exit\n"
     )
-    assert again == a
-    assert (
-        "no bgp listen range 10.255.0.0/24" in a["snippet"]
-        and "bgp listen range 10.255.0.0/23" in a["snippet"]
-    )
-    assert c["snippet"].splitlines()[1:] == [
+    assert c["snippet"].splitlines()[1:4] == [
         "  no neighbor 10.255.0.0/24",
         "  neighbor 10.255.0.0/23",
         "    inherit peer KARIOS-VTEPS",
     ]
+    assert snip("other", 24, 24)["snippet"] == "" and snip("other", 24, 24)["diff"] == ""
+
+
+_SWITCH = {
+    "as_": 65000,
+    "bfd_enabled": False,
+    "external_route_reflector": True,
+    "fabric_switch_as": 65000,
+    "fabric_switch_name": "leaf-01",
+    "fabric_switch_nos": "eos",
+    "fabric_switch_peering_ip": "10.255.0.254",
+    "fabric_switch_role": "leaf",
+    "management_cidr": "192.168.111.0/24",
+    "ospf_area": "",
+    "ospf_auth_type": "",
+    "ospf_auth_key_id": 0,
+    "ospf_auto_ref_bw": 0,
+    "ospf_dead_interval": 0,
+    "ospf_enabled": True,
+    "ospf_hello_interval": 0,
+    "router_id_base": "10.255.0.1",
+    "router_id_prefix_len": 24,
+    "vxlan_mtu": 9216,
+}

@@ -1,6 +1,6 @@
 """``karios fabric set`` and the switch re-configuration ack gate (docs/fabric.md).
 
-A change that moves the switch's BGP listen range answers 409 ``REQUIRES_SWITCH_RECONFIG_ACK``
+A change of the switch's configuration answers 409 ``REQUIRES_SWITCH_RECONFIG_ACK``
 with one snippet per NOS (``details.snippets[]``: snippet, diff, verify, hash). The CLI shows the
 snippet of the switch's NOS (``details.switch_nos``; ``--all-nos``: every NOS), its hash, and the
 exact command to run once the switch has it: the same ``karios fabric set …`` plus ``--ack HASH
@@ -76,13 +76,23 @@ def _section(out: Console, s: dict[str, Any], *, default: bool, rerun: str) -> N
     out.out(f"== {nos}{' (the switch NOS of this configuration)' if default else ''} ==")
     out.out(f"[{nos}] paste on the switch:")
     out.out(str(s.get("snippet", "")).rstrip("\n"))
-    out.out(f"[{nos}] diff of the switch's listen-range configuration:")
+    out.out(f"[{nos}] diff of the switch configuration:")
     out.out(str(s.get("diff", "")).rstrip("\n"))
     out.out(f"[{nos}] verify with: {s.get('verify', '')}")
     out.out(f"[{nos}] switch_snippet_hash: {s.get('switch_snippet_hash', '')}")
     out.out(f"[{nos}] once the switch runs it, re-run:")
     out.out(f"  {rerun}")
     out.out("")
+
+
+def _what_changes(d: dict[str, Any]) -> str:
+    old, new = d.get("old_listen_range", "?"), d.get("new_listen_range", "?")
+    moves = f"its BGP listen range moves from {old} to {new}" if old and new and old != new else ""
+    fields = d.get("changed_fields")
+    if not fields:  # a server from before issue 23 item 6 gates listen-range moves only
+        return moves or f"its BGP listen range moves from {old} to {new}"
+    what = f"its configuration changes with {', '.join(map(str, fields))}"
+    return f"{what}; {moves}" if moves else what
 
 
 def show_ack_needed(
@@ -105,10 +115,7 @@ def show_ack_needed(
     snippets = [s for s in d.get("snippets") or [] if isinstance(s, dict)]
     shown = [s for s in snippets if all_nos or s.get("nos") == default_nos] or snippets
     field = f" ({body['field']})" if body.get("field") else ""
-    out.out(
-        f"The fabric switch must be re-configured first: its BGP listen range moves from "
-        f"{d.get('old_listen_range', '?')} to {d.get('new_listen_range', '?')}{field}. Nothing was stored."
-    )
+    out.out(f"The fabric switch must be re-configured first: {_what_changes(d)}{field}. Nothing was stored.")
     out.out("")
     for s in shown:
         default = s.get("nos") == default_nos

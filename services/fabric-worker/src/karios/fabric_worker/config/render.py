@@ -12,11 +12,12 @@ import hashlib
 import ipaddress
 from dataclasses import asdict, dataclass, replace
 from functools import cache
-from typing import Any, Protocol
+from typing import Protocol
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from karios.common.devicetext import guard_render_values
+from karios.fabric_worker.config import switchdiff
 from karios.fabric_worker.config.sessions import OSPF_NETWORK, evpn_sessions
 
 SWITCH_NOS = ("sonic", "cumulus", "nxos", "eos", "other")
@@ -30,13 +31,13 @@ DEFAULT_PORT = {
     "eos": "Ethernet1",
     "other": "swp1",
 }
-LISTEN_TEMPLATE = {"sonic": "frr", "other": "frr", "cumulus": "cumulus", "nxos": "nxos", "eos": "eos"}
+# The command that shows the switch's running configuration (the ack gate's "verify").
 VERIFY = {
-    "sonic": f'vtysh -c "show bgp peer-group {PEER_GROUP}"',
-    "other": f'vtysh -c "show bgp peer-group {PEER_GROUP}"',
-    "cumulus": "nv show vrf default router bgp dynamic-neighbor listen-range",
-    "nxos": "show running-config bgp | include neighbor",
-    "eos": f"show ip bgp peer-group {PEER_GROUP}",
+    "sonic": 'vtysh -c "show running-config"; show runningconfiguration all',
+    "other": 'vtysh -c "show running-config"',
+    "cumulus": "nv config show -o commands",
+    "nxos": "show running-config",
+    "eos": "show running-config",
 }
 
 
@@ -201,26 +202,22 @@ def render_switch_config(ctx: SwitchContext) -> str:
     return _env().get_template(f"switch/{ctx.nos}.j2").render(sw=_values(ctx))
 
 
-# -- ack gate: BGP listen-range moves ----------------------------------------------------------
-def _listen(nos: str, values: dict[str, Any]) -> str:
-    return _env().get_template(f"listen_range/{LISTEN_TEMPLATE[nos]}.j2").render(**values)
+# -- ack gate: what the switch must be told --------------------------------------------------
+def render_for_nos(cfg: FabricLike, nos: str) -> str:
+    """The switch configuration of `cfg` as NOS `nos` renders it (whatever `cfg` names)."""
+    return render_switch_config(replace(switch_context(cfg), nos=nos, port=DEFAULT_PORT[nos]))
 
 
-def listen_range_snippet(
-    nos: str, *, asn: int, node_as: int, old_range: str, new_range: str
-) -> dict[str, str]:
-    """The paste-able change, its diff against the running config, the verify command, the hash."""
-    common = {"asn": asn, "node_as": node_as, "peer_group": PEER_GROUP}
-    snippet = _listen(nos, {**common, "old_range": old_range, "new_range": new_range})
-    before = (
-        _listen(nos, {**common, "old_range": "", "new_range": old_range}).splitlines() if old_range else []
-    )
-    after = _listen(nos, {**common, "old_range": "", "new_range": new_range}).splitlines()
-    diff = "\n".join(difflib.unified_diff(before, after, "running", "after", lineterm="", n=1)) + "\n"
-    digest = hashlib.sha256(f"{nos}\n{old_range}\n{new_range}\n{diff}\n{snippet}".encode()).hexdigest()
+def switch_snippet(nos: str, before: str, after: str) -> dict[str, str]:
+    """The paste-able change from `before` to `after` (two renderings for `nos`), the diff of
+    their configuration lines, the verify command and the hash (NOS, both texts, snippet)."""
+    snippet = switchdiff.change(nos, before, after)
+    old, new = switchdiff.config_lines(nos, before), switchdiff.config_lines(nos, after)
+    diff = "\n".join(difflib.unified_diff(old, new, "running", "after", lineterm="", n=2))
+    digest = hashlib.sha256("\n".join([nos, "\n".join(old), "\n".join(new), snippet]).encode()).hexdigest()
     return {
         "nos": nos,
-        "diff": diff,
+        "diff": diff + "\n" if diff else "",
         "snippet": snippet,
         "verify": VERIFY[nos],
         "switch_snippet_hash": digest,
