@@ -38,14 +38,18 @@ echo '{_MARK}end'
 """
 
 # The apply's discovery: the same facts plus, when bgpd runs, one `show bgp l2vpn evpn summary
-# json` (one line). A node with nothing to change is then verified from this very exec: a no-op
-# re-apply costs one SSH exec per node instead of two.
+# json` (one line) and FRR's running configuration (base64, one line: compared with the rendered
+# file by :mod:`.running`, a `vtysh` change is not in the file). A node with nothing to change is
+# then verified from this very exec: a no-op re-apply costs one SSH exec per node instead of two.
 EVPN_SUMMARY_COMMAND = "vtysh -c 'show bgp l2vpn evpn summary json'"
+RUNNING_CONFIG_COMMAND = "vtysh -c 'show running-config'"
+_BGPD_ALIVE = 'p=$(cat /run/frr/bgpd.pid 2>/dev/null) && [ -n "$p" ] && kill -0 "$p" 2>/dev/null'
 APPLY_DISCOVER_SCRIPT = DISCOVER_SCRIPT.replace(
     f"echo '{_MARK}end'\n",
     f"echo '{_MARK}evpn'\n"
-    'p=$(cat /run/frr/bgpd.pid 2>/dev/null) && [ -n "$p" ] && kill -0 "$p" 2>/dev/null && '
-    f"{{ {EVPN_SUMMARY_COMMAND} 2>/dev/null | tr -d '\\n'; echo; }}\n"
+    f"{_BGPD_ALIVE} && {{ {EVPN_SUMMARY_COMMAND} 2>/dev/null | tr -d '\\n'; echo; }}\n"
+    f"echo '{_MARK}running'\n"
+    f"{_BGPD_ALIVE} && {{ {RUNNING_CONFIG_COMMAND} 2>/dev/null | base64 -w0; echo; }}\n"
     f"echo '{_MARK}end'\n",
 )
 
@@ -162,6 +166,17 @@ def evpn_summary_of(output: str) -> str | None:
     running or the output came from :data:`DISCOVER_SCRIPT`)."""
     line = _sections(output).get("evpn", "").strip()
     return line or None
+
+
+def running_config_of(output: str) -> str | None:
+    """FRR's running configuration from :data:`APPLY_DISCOVER_SCRIPT`'s output (None: bgpd was
+    not running, vtysh printed nothing, or the output came from :data:`DISCOVER_SCRIPT`)."""
+    body = _sections(output).get("running", "").strip()
+    try:
+        text = base64.b64decode(body, validate=True).decode(errors="replace") if body else ""
+    except ValueError:  # not base64: not compared (never a reason to fail the apply)
+        return None
+    return text if text.strip() else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,14 +9,12 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from secrets import token_hex
-from typing import TypeVar
 
 from pydantic import BaseModel
 
 from karios.common.errors import KariosError
-from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry_tracing import job_span, step_span
 from karios.fabric_worker import metrics
 from karios.fabric_worker.rollout.errors import (
@@ -32,21 +30,22 @@ from karios.fabric_worker.rollout.facts import (
     evpn_summary_of,
     find_underlay,
     parse_facts,
+    running_config_of,
 )
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, NodeTarget
+from karios.fabric_worker.rollout.node_steps import apply_frr_plan, converge_after_reload, until_abort
 from karios.fabric_worker.rollout.ownership import foreign_devices, with_record
 from karios.fabric_worker.rollout.plan import (
     DesiredNetwork,
     FrrAction,
-    FrrPlan,
     baseline_network,
-    commit_script,
     frr_plan,
     frr_rollback_plan,
     network_commands,
     overlay_mtu,
 )
 from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_files
+from karios.fabric_worker.rollout.running import RunningDiff, repair_plan, repairs, running_diff
 from karios.fabric_worker.rollout.ssh import NodeSession, open_session, redact
 from karios.fabric_worker.rollout.steps import (
     FRR_FORCE_STOP,
@@ -62,7 +61,6 @@ from karios.fabric_worker.rollout.verify import (
     verify_verdict,
 )
 
-T = TypeVar("T")
 TRACER = "karios.fabric-worker"
 
 
@@ -116,45 +114,9 @@ class NodeResult(BaseModel):
     host_key: str = ""
     host_key_first_seen: bool = False
     frr_action: str = ""
+    repaired: list[str] = []  # what differed although the files equal the rendered ones
     steps: list[str] = []
     duration_s: float = 0.0
-
-
-async def apply_frr_plan(
-    s: NodeSession,
-    plan: FrrPlan,
-    limit_s: float,
-    *,
-    fence: str = "",
-    net: Sequence[str] = (),
-    net_first: bool = True,
-) -> None:
-    """The link changes `net` and the FRR plan (write/delete the managed files, start/restart/
-    reload/stop FRR; stop before writing) as ONE interruptible step (:func:`step_command`, one
-    SSH exec): a cancel kills it, the rollback fences it."""
-    script, data = commit_script(plan, net, net_first=net_first)
-    if script:
-        await s.run(step_command(script, fence=fence), input=data or None, limit_s=limit_s)
-
-
-async def until_abort(work: Awaitable[T], abort: asyncio.Event | None, label: str) -> T:
-    """Await `work`, or stop it the moment `abort` is set (whatever command it is waiting on:
-    the SSH session closes; the rollback kills the interrupted step on the node)."""
-    if abort is None:
-        return await work
-    task = asyncio.ensure_future(work)
-    stop = asyncio.ensure_future(abort.wait())
-    try:
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # this task itself was cancelled (worker stopping)
-        task.cancel()
-        raise
-    finally:
-        stop.cancel()
-    if task.done():
-        return task.result()
-    await cancel_and_wait(task, grace=0.5)
-    raise RolloutCancelled(f"{label}: rollout aborted")
 
 
 class NodeRollout:
@@ -199,11 +161,12 @@ class NodeRollout:
 
     async def _load(
         self, s: NodeSession, script: str = APPLY_DISCOVER_SCRIPT
-    ) -> tuple[NodeFacts, str | None]:
-        """The node's facts and, with the apply's discovery, its EVPN summary (None: bgpd down)."""
+    ) -> tuple[NodeFacts, str | None, str | None]:
+        """The node's facts and, with the apply's discovery, its EVPN summary and FRR's running
+        config (None: bgpd down)."""
         out = (await s.run(script, limit_s=self.options.command_timeout)).stdout
         try:
-            return parse_facts(out), evpn_summary_of(out)
+            return parse_facts(out), evpn_summary_of(out), running_config_of(out)
         except ValueError as exc:
             raise FabricVerifyFailed(f"{self.target.label}: unexpected discovery output: {exc}") from None
 
@@ -266,7 +229,8 @@ class NodeRollout:
             with job_span(TRACER, "fabric.node.apply", None, bind={"node": self.target.node_ip}):
                 await until_abort(self._connect_and_apply(abort), abort, self.target.label)
             r.ok = True
-            await self._emit("node_ready", "unchanged" if not r.changed else f"FRR {r.frr_action or 'kept'}")
+            done = "unchanged" if not r.changed else f"FRR {r.frr_action or 'kept'}"
+            await self._emit("node_ready", "; ".join([done, *r.repaired]))
         except KariosError as exc:
             r.ok = False
             r.error = redact(exc.message, self._secrets)
@@ -290,7 +254,7 @@ class NodeRollout:
     async def _apply_with(self, s: NodeSession, abort: asyncio.Event | None) -> None:
         r, opts = self.result, self.options
         with step_span(TRACER, "fabric.node.load"):
-            facts, evpn = await self._load(s)
+            facts, evpn, running = await self._load(s)
         self.baseline = facts
         r.fqdn = r.fqdn or facts.hostname
         iface, mtu = self._underlay(facts)
@@ -301,7 +265,7 @@ class NodeRollout:
             r.touched = True
             install = step_command(INSTALL_FRR_SCRIPT, killable=False, fence=self._fence)
             await s.run(install, limit_s=opts.install_timeout)
-            facts, evpn = await self._load(s)
+            facts, evpn, running = await self._load(s)
             r.steps.append("frr_installed")
         else:
             r.steps.append("frr_present")
@@ -312,10 +276,15 @@ class NodeRollout:
         with step_span(TRACER, "fabric.node.diff") as span:
             plan = frr_plan(facts, files)
             net = network_commands(facts, self._desired(facts, mtu))
+            # Files equal and FRR running: does it RUN them? (a `vtysh` change is not in the file)
+            stale = RunningDiff()
+            if running and not plan.changed:
+                stale = running_diff(files["frr.conf"], running)
             span.set_attributes({"karios.frr_action": plan.action.value, "karios.link_changes": len(net)})
-        if not plan.changed and not net:
+        if not plan.changed and not net and not stale:
             r.steps.append("unchanged")
-            await self._emit("node_unchanged", "running config equals the rendered config")
+            same = "files, running config and devices" if running else "files and devices"
+            await self._emit("node_unchanged", f"{same} equal the intent")
             if self._verified_by(evpn):
                 # Nothing changed since the discovery's own EVPN summary: that was the first poll.
                 await self._emit("node_verifying")
@@ -324,17 +293,30 @@ class NodeRollout:
         else:
             self._check_abort(abort)
             await self._keep_baseline()
-            await self._emit("node_committing", f"{len(plan.writes)} file(s), {len(net)} link change(s)")
+            plan = repair_plan(plan, stale)  # files right, running config not: reload from them
+            r.repaired = repairs(plan, net, facts, stale, self._secrets)
+            await self._emit(
+                "node_committing",
+                "; ".join([f"{len(plan.writes)} file(s), {len(net)} link change(s)", *r.repaired]),
+            )
             r.touched = r.changed = True
             plan = with_record(plan, self.baseline or facts, self.intent.vnis, net)  # what Karios made
             with step_span(TRACER, "fabric.node.commit"):
                 r.frr_action = plan.action.value
                 await apply_frr_plan(s, plan, opts.command_timeout, fence=self._fence, net=net)
+                if plan.action is FrrAction.RELOAD:  # the reload took (else FRR restarts from the file)
+                    done = await converge_after_reload(
+                        s, files["frr.conf"], fence=self._fence, limit_s=opts.command_timeout
+                    )
+                    if done.restarted:
+                        r.frr_action = FrrAction.RESTART.value
+                        r.repaired.append(f"a reload left {done.left.describe(self._secrets)} → restarted")
                 if net:
                     r.steps.append("vtep_configured")
-            r.steps.append(
-                f"frr_{plan.action.value}" if plan.action is not FrrAction.NONE else "frr_config_written"
-            )
+            r.steps += [
+                f"frr_{r.frr_action}" if plan.action is not FrrAction.NONE else "frr_config_written",
+                *(["repaired"] if r.repaired else []),
+            ]
         self._check_abort(abort)
         await self._emit("node_verifying")
         with metrics.timed("verify", FabricVerifyFailed), step_span(TRACER, "fabric.node.verify"):
