@@ -55,9 +55,9 @@ async def test_fabric_set_shows_the_switch_snippet_and_the_ack_rerun_stores_it(f
     r = await fabric.post({"router_id_cidr": "10.254.0.1/23"})
     assert r.status_code == 409 and r.json()["details"]["switch_snippet_hash"] == digest
 
-    # Every NOS: five sections, each with its own hash and re-run (switch_nos= for the others).
+    # Every NOS: six sections, each with its own hash and re-run (switch_nos= for the others).
     code, out, _ = await karios(url, "fabric", "set", MOVE, "--all-nos")
-    assert code == 5 and len(RERUN.findall(out)) == 5, out
+    assert code == 5 and len(RERUN.findall(out)) == 6, out
     sonic = next(cmd for cmd, _h in RERUN.findall(out) if "switch_nos=sonic" in cmd)
     assert sonic.startswith(f"karios fabric set {MOVE} switch_nos=sonic --ack "), sonic
 

@@ -46,7 +46,7 @@ async def test_pool_move_needs_the_switch_ack_then_succeeds_and_is_audited(fabri
     details = err["details"]
     assert details["old_listen_range"] == "10.255.0.0/24" and details["new_listen_range"] == "10.254.0.0/23"
     by_nos = {s["nos"]: s for s in details["snippets"]}
-    assert set(by_nos) == {"sonic", "cumulus", "nxos", "eos", "other"}
+    assert set(by_nos) == {"sonic", "cumulus", "nxos", "eos", "frr", "other"}
     eos = by_nos["eos"]
     assert "-   bgp listen range 10.255.0.0/24 peer-group KARIOS-VTEPS remote-as 65000" in eos["diff"]
     assert "+   bgp listen range 10.254.0.0/23 peer-group KARIOS-VTEPS remote-as 65000" in eos["diff"]

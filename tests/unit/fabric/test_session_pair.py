@@ -156,3 +156,17 @@ def test_the_switch_never_claims_the_gateway_route_reflectors_address() -> None:
             owned = [ln for ln in text.splitlines() if cfg.fabric_switch_peering_ip in ln and "address" in ln]
             owned = [ln for ln in owned if not ln.lstrip().startswith(("!", "#"))]
             assert owned == [], (nos, cell.id, owned)
+
+
+@pytest.mark.parametrize("cell", cells(passwords=True), ids=lambda c: c.id)
+def test_every_matrix_cell_is_a_configuration_the_api_stores(cell: Cell) -> None:
+    """The matrix covers what an operator can store, nothing the rules refuse (an FRR switch as
+    route reflector is NOS ``frr``; ``other`` stays the reference, which may not host the RR)."""
+    from karios.fabric_worker.config import rules
+
+    cfg = cell_config(cell)
+    ctx = rules.RuleContext(frr_hmac_sha_capable=True, ospf_auth_key_set=True)
+    assert rules.violations(cfg, ctx) == []
+    if cell.hub == "switch-rr":
+        refused = rules.violations(cfg.model_copy(update={"fabric_switch_nos": "other"}), ctx)
+        assert [v.field for v in refused] == ["fabric_switch_nos"]

@@ -246,7 +246,8 @@ def _check_rules(planned: PlannedConfig, risks: list[str]) -> None:
         found = [v for v in found if v.field != "fabric_switch_nos"]
         risks.append(
             "fabric_switch_nos other: POST /fabric-config refuses external_route_reflector until a "
-            "BGP-EVPN-capable NOS (sonic, cumulus, nxos, eos) is chosen"
+            "BGP-EVPN-capable NOS (sonic, cumulus, nxos, eos, frr) is chosen; frr renders the same "
+            "FRR configuration"
         )
     if found:
         raise _fail(found[0].field, found[0].reason)

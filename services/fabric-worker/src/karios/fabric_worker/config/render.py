@@ -20,7 +20,7 @@ from karios.common.devicetext import guard_render_values
 from karios.fabric_worker.config import switchdiff
 from karios.fabric_worker.config.sessions import OSPF_NETWORK, evpn_sessions
 
-SWITCH_NOS = ("sonic", "cumulus", "nxos", "eos", "other")
+SWITCH_NOS = ("sonic", "cumulus", "nxos", "eos", "frr", "other")
 PEER_GROUP = "KARIOS-VTEPS"
 KEY_CHAIN = "KARIOS-OSPF"
 # The node-facing port each template shows (the operator repeats it for every port).
@@ -29,12 +29,14 @@ DEFAULT_PORT = {
     "cumulus": "swp1",
     "nxos": "Ethernet1/1",
     "eos": "Ethernet1",
+    "frr": "swp1",
     "other": "swp1",
 }
 # The command that shows the switch's running configuration (the ack gate's "verify").
 VERIFY = {
     "sonic": 'vtysh -c "show running-config"; show runningconfiguration all',
     "other": 'vtysh -c "show running-config"',
+    "frr": 'vtysh -c "show running-config"',
     "cumulus": "nv config show -o commands",
     "nxos": "show running-config",
     "eos": "show running-config",

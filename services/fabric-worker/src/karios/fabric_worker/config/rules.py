@@ -16,7 +16,9 @@ from karios.common.devicetext import BGP_PASSWORD_MAX, HMAC_KEY_MAX, MD5_KEY_MAX
 from karios.common.errors import ValidationFailed
 from karios.fabric_worker.config.pool import VtepPool
 
-EVPN_NOS = ("sonic", "cumulus", "nxos", "eos")
+# "frr": an FRR-based switch (or a Linux router running FRR) as what it is, route reflector
+# included; "other" stays the vendor-neutral reference, which the seed does not let host the RR.
+EVPN_NOS = ("sonic", "cumulus", "nxos", "eos", "frr")
 KNOWN_NOS = ("", *EVPN_NOS, "other")
 ROLES = ("", "spine", "leaf", "border-leaf")
 OSPF_AUTH_TYPES = ("", "none", "message-digest", "hmac-sha-256")

@@ -32,8 +32,15 @@ import json
 import re
 from dataclasses import dataclass, field
 
-DIALECT = {"other": "frr", "sonic": "frr", "eos": "eos", "nxos": "nxos", "cumulus": "nvue"}
-_COMMENT = {"other": ("!",), "eos": ("!",), "nxos": ("!",), "cumulus": ("#",), "sonic": ("!", "#")}
+DIALECT = {"other": "frr", "frr": "frr", "sonic": "frr", "eos": "eos", "nxos": "nxos", "cumulus": "nvue"}
+_COMMENT = {
+    "other": ("!",),
+    "frr": ("!",),
+    "eos": ("!",),
+    "nxos": ("!",),
+    "cumulus": ("#",),
+    "sonic": ("!", "#"),
+}
 _SKIP = {"end", "exit", "exit-address-family"}
 _NVUE_APPLY = "nv config apply -y"
 # Tokens between a setting and its secret placeholder (`md5 0 <key>`, `password 0 <key>`).
