@@ -118,8 +118,14 @@ async def test_writes_during_a_job_answer_409_naming_it(fabric, settings) -> Non
     await wait_until(rolling_out, timeout=10, what="the apply to start")
     view_before, row_before = (await c.get("/controlnode/fabric-config")).json(), await stored(settings)
 
-    # The case: a new AS while the apply runs.
-    body = refused(await c.post("/controlnode/fabric-config", json={"as": 65001}), job_id, "apply")
+    # The case: a new AS while the apply runs (the switch's too: iBGP with the route
+    # reflector on the gateway node, so the switch's configuration does not change and no ack
+    # gate stands in front of the 409).
+    body = refused(
+        await c.post("/controlnode/fabric-config", json={"as": 65001, "fabric_switch_as": 65001}),
+        job_id,
+        "apply",
+    )
     assert f"(POST /controlnode/fabric-config/apply/{job_id}/cancel)" in body["message"], body
     refused(await c.delete("/controlnode/fabric-config"), job_id, "apply")
     # The node set: adopting (no SSH contact is made) and removing.
@@ -137,7 +143,7 @@ async def test_writes_during_a_job_answer_409_naming_it(fabric, settings) -> Non
     # Cancelled, the job ends; the same POST is taken.
     assert (await c.post(f"/controlnode/fabric-config/apply/{job_id}/cancel")).status_code in (202, 404)
     assert (await finished(c, job_id, timeout=30))["job_status"] == "cancelled"
-    r = await c.post("/controlnode/fabric-config", json={"as": 65001})
+    r = await c.post("/controlnode/fabric-config", json={"as": 65001, "fabric_switch_as": 65001})
     assert r.status_code == 200, r.text
     assert r.json()["as"] == 65001 and r.json()["rollout_status"] == "failed"  # the cancelled apply's
     r = await c.post("/controlnode/nodes", json=adopt)
@@ -182,7 +188,9 @@ async def test_a_config_write_and_a_job_start_are_ordered_by_one_lock(fabric, se
     queuing = asyncio.create_task(svc.repo.queue_job(summary, {"node_ip": "", "vnis": [100]}, then=hold))
     await asyncio.wait_for(inside.wait(), 5)
     row_before = await stored(settings)
-    post = asyncio.create_task(c.post("/controlnode/fabric-config", json={"as": 65002}))
+    post = asyncio.create_task(
+        c.post("/controlnode/fabric-config", json={"as": 65002, "fabric_switch_as": 65002})
+    )
     await wait_until(lambda: waiting_for_the_lock(settings), what="the config write to wait for the lock")
     assert not post.done(), "the config write did not wait for the job being queued"
     release.set()
@@ -194,7 +202,7 @@ async def test_a_config_write_and_a_job_start_are_ordered_by_one_lock(fabric, se
     # 2. A config write is in flight (its transaction holds the lock): an apply request waits,
     # then sees the configuration moved under its checks and answers 409; nothing is queued.
     async with svc.rt.db.session() as s, s.begin():
-        await store.upsert(s, _upsert(**{"as": 65003}), svc.box)
+        await store.upsert(s, _upsert(**{"as": 65003, "fabric_switch_as": 65003}), svc.box)
         apply = asyncio.create_task(c.post("/controlnode/fabric-config/apply"))
         await wait_until(lambda: waiting_for_the_lock(settings), what="the apply to wait for the lock")
         assert not apply.done(), "the job was queued while a config write was in flight"
