@@ -32,6 +32,18 @@ def _env(server: str) -> dict[str, str]:
     return env
 
 
+def _wait_ready(proc: subprocess.Popen, base: str, what: str) -> None:
+    """Until /readyz answers 200 (or the process ended: the caller's next assert says so)."""
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return proc.poll() is not None
+
+    wait_until_sync(ready, timeout=60, interval=0.2, what=what)
+
+
 @pytest.mark.parametrize("server", ["granian", "uvicorn"])
 def test_karios_run_bootapi_serves_and_stops_on_sigterm(server: str):
     port = free_port()
@@ -45,14 +57,7 @@ def test_karios_run_bootapi_serves_and_stops_on_sigterm(server: str):
     )
     base = f"http://127.0.0.1:{port}"
     try:
-
-        def ready() -> bool:
-            try:
-                return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return proc.poll() is not None
-
-        wait_until_sync(ready, timeout=60, interval=0.2, what="bootapi ready")
+        _wait_ready(proc, base, "bootapi ready")
         assert proc.poll() is None
         r = httpx.get(f"{base}/ipxe/52:54:00:00:00:99", timeout=5)  # unknown MAC: the fallback
         assert r.status_code == 200 and r.text.startswith("#!ipxe") and r.headers["server"] == server
@@ -85,14 +90,7 @@ def test_a_second_bootapi_on_a_taken_port_exits_instead_of_sharing_it(server: st
     )
     base = f"http://127.0.0.1:{port}"
     try:
-
-        def ready() -> bool:
-            try:
-                return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return first.poll() is not None
-
-        wait_until_sync(ready, timeout=60, interval=0.2, what="the first bootapi ready")
+        _wait_ready(first, base, "the first bootapi ready")
         assert first.poll() is None
         second = subprocess.run(argv, env=_env(server), capture_output=True, text=True, timeout=60)
         assert second.returncode != 0, second.stdout

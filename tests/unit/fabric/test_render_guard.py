@@ -34,13 +34,16 @@ def test_every_switch_rendering_refuses_a_line_breaking_name(nos: str, value: st
     assert "router bgp 1" not in str(err.value)  # the refusal never echoes the value
 
 
-def test_a_clean_name_renders_on_one_line_of_every_nos() -> None:
+def test_a_clean_name_renders_and_no_text_spills_into_configuration() -> None:
     for nos in SWITCH_NOS:
-        cfg = cell_config(
-            Cell("ospf", "switch-rr", True), fabric_switch_nos=nos, fabric_switch_name="leaf-07"
-        )
-        text = render_switch_config(switch_context(cfg))
-        assert all("leaf-07" not in ln or ln.count("leaf-07") == 1 for ln in text.splitlines())
+        cfg = cell_config(Cell("ospf", "switch-rr", True), fabric_switch_nos=nos)
+        plain = render_switch_config(switch_context(cfg.model_copy(update={"fabric_switch_name": "a"})))
+        named = render_switch_config(switch_context(cfg.model_copy(update={"fabric_switch_name": "leaf-07"})))
+        assert "leaf-07" in named
+        # The name changes only the lines it stands on: as many lines, the same others.
+        assert len(named.splitlines()) == len(plain.splitlines())
+        changed = [b for a, b in zip(plain.splitlines(), named.splitlines(), strict=True) if a != b]
+        assert changed and all("leaf-07" in ln for ln in changed), (nos, changed)
 
 
 def test_the_gateway_route_reflector_and_the_nodes_refuse_line_breaks() -> None:

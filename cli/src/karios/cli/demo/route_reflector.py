@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 
-from karios.cli.demo.host import chown_frr, make_frr_dirs, read_pid
+from karios.cli.demo.host import chown_frr, make_frr_dirs, pid_alive, read_pid
 from karios.cli.demo.topology import FABRIC_IP, UNDERLAY_PREFIX
 
 
@@ -71,9 +72,20 @@ class RouteReflector:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        """Stop its daemons (the lab reuses the namespace for another configuration)."""
+        """Stop its daemons and wait until none is left (the lab reuses the namespace for another
+        configuration: a daemon still running would serve the old one beside the new)."""
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             self._nsenter(["/usr/lib/frr/frrinit.sh", "stop"], 30)
+        run = self.run_frr_dir
+        names = [f for f in os.listdir(run) if f.endswith(".pid")] if run and os.path.isdir(run) else []
+        pids = [p for p in (read_pid(os.path.join(run, f)) for f in names) if p]
+        deadline = time.monotonic() + 5
+        for pid in pids:
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def vtysh(self, cmd: str, *, timeout: float = 30.0) -> str:
         """Run one vtysh command; return its output."""

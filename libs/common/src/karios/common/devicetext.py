@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from pydantic import BaseModel, field_validator
+from pydantic import BaseModel, ValidationInfo, field_validator
 
 from karios.common.errors import ValidationFailed
 
@@ -150,35 +150,25 @@ def check_label(value: str) -> str:
     return _raise_on(label_problem(value), value)
 
 
+# The checker of each field DeviceTextRules validates.
+_DEVICE_TEXT = {
+    "fabric_switch_name": check_switch_name,
+    "ospf_fabric_interface": check_ifname,
+    "bgp_password": check_bgp_password,
+    "ospf_auth_key": check_ospf_auth_key,
+    "acked_by": check_label,
+}
+
+
 class DeviceTextRules(BaseModel):
     """Mixin of the API input models: every free-text field that lands in a switch or node
     configuration is checked against its grammar (422 naming the field). Deliberately not on
     ``FabricConfigFields``: a row stored before these rules must still load and be shown."""
 
-    @field_validator("fabric_switch_name", check_fields=False)
+    @field_validator(*_DEVICE_TEXT, check_fields=False)
     @classmethod
-    def _switch_name(cls, value: str) -> str:
-        return check_switch_name(value)
-
-    @field_validator("ospf_fabric_interface", check_fields=False)
-    @classmethod
-    def _ifname(cls, value: str) -> str:
-        return check_ifname(value)
-
-    @field_validator("bgp_password", check_fields=False)
-    @classmethod
-    def _bgp_password(cls, value: str) -> str:
-        return check_bgp_password(value)
-
-    @field_validator("ospf_auth_key", check_fields=False)
-    @classmethod
-    def _ospf_auth_key(cls, value: str) -> str:
-        return check_ospf_auth_key(value)
-
-    @field_validator("acked_by", check_fields=False)
-    @classmethod
-    def _label(cls, value: str) -> str:
-        return check_label(value)
+    def _device_text(cls, value: str, info: ValidationInfo) -> str:
+        return _DEVICE_TEXT[info.field_name](value)
 
 
 # -- the renderers' own guard ----------------------------------------------------------------
