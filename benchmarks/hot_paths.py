@@ -35,22 +35,16 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import httpx
-import yaml
 
 HERE = Path(__file__).resolve().parent
-PORTS = ("GATEWAY", "BOOTAPI", "PROVISIONER", "INVENTORY", "FABRIC_WORKER")
+sys.path.insert(0, str(HERE.parent))  # the repo root: benchmarks.launch
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from benchmarks.launch import KariosUp, free_port, sql  # noqa: E402
 
 
 def mac_of(i: int) -> str:
@@ -119,15 +113,10 @@ class Nginx:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class System:
+class System(KariosUp):
     """``karios up`` on free ports, a file inventory of 100 hosts, a database of its own."""
 
     def __init__(self, hosts: int = 100) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="karios-hot-"))
-        self.root.chmod(0o755)
-        pg = os.environ.get("KARIOS_BENCH_PG", "postgres@127.0.0.1:5432")
-        self.db = f"karios_hot_{uuid.uuid4().hex[:8]}"
-        self.db_url = f"postgresql+asyncpg://{pg}/{self.db}"
         devices = [
             {
                 "id": i + 1,
@@ -138,53 +127,7 @@ class System:
             }
             for i in range(hosts)
         ]
-        (self.root / "inventory.yaml").write_text(yaml.safe_dump({"devices": devices}))
-        self.ports = {p: free_port() for p in PORTS}
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KARIOS_")}
-        env |= {f"KARIOS_{p}_PORT": str(n) for p, n in self.ports.items()}
-        env |= {
-            "KARIOS_STATE_DIR": str(self.root / "state"),
-            "KARIOS_CONFIG": str(self.root / "client.json"),
-            "KARIOS_DATABASE_URL": self.db_url,
-            "KARIOS_INVENTORY_FILE": str(self.root / "inventory.yaml"),
-            "KARIOS_LOG_LEVEL": "WARNING",
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "karios.cli", "up", "--timeout", "180"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.out: list[str] = []
-        threading.Thread(target=lambda: self.out.extend(self.proc.stdout or []), daemon=True).start()
-        deadline = time.monotonic() + 240
-        while "Ctrl-C stops everything" not in "".join(self.out):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("karios up did not start:\n" + "".join(self.out))
-            time.sleep(0.2)
-        self.token = (self.root / "state" / "admin.token").read_text().strip()
-
-    def url(self, port: str) -> str:
-        return f"http://127.0.0.1:{self.ports[port]}"
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(90)
-        shutil.rmtree(self.root, ignore_errors=True)
-        asyncio.run(self._sql(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)', db="postgres"))
-
-    async def _sql(self, statement: str, db: str | None = None) -> None:
-        from sqlalchemy import text
-        from sqlalchemy.ext.asyncio import create_async_engine
-
-        url = self.db_url.rsplit("/", 1)[0] + "/" + (db or self.db)
-        engine = create_async_engine(url, isolation_level="AUTOCOMMIT")
-        try:
-            async with engine.connect() as c:
-                await c.execute(text(statement))
-        finally:
-            await engine.dispose()
+        super().__init__("hot", {"devices": devices})
 
 
 ROW = "| {:<44} | {:>8} | {:>7} | {:>7} | {:>7} | {:<22} | {:>6} |"
@@ -443,11 +386,12 @@ def bench_nodes(s: System, nodes: int, secs: int) -> None:
     small = node_reads(s, 100, secs)
     rest = nodes - 100
     asyncio.run(
-        s._sql(
+        sql(
+            s.db_url,
             "INSERT INTO inventory.bmc_infos (bmc_ip, os_ip, os_hostname, vendor, is_control_node, "
             "created_at, updated_at) SELECT '10.100.' || (g >> 8) || '.' || (g & 255), "
             "'10.101.' || (g >> 8) || '.' || (g & 255), 'bulk-' || g, 'generic', false, now(), now() "
-            f"FROM generate_series(0, {rest - 1}) g"
+            f"FROM generate_series(0, {rest - 1}) g",
         )
     )
     large = node_reads(s, nodes, secs)

@@ -1,23 +1,33 @@
-"""How fast the gateway's command outbox drains a backlog (issue 14: the slowest stage of the
-1,000-host storm was "202 → command in JetStream", p50 25 s).
+"""Commit → JetStream latency of the command outbox during a burst (issue 28 item 2: p99 < 1 s).
 
-For each worker count: N ``cmd.provision.start`` rows are committed in one transaction (what a
-batch of POSTs leaves when they arrive faster than the relay), then one relay — the gateway's
-own :class:`CommandOutbox` with its real ``on_relayed`` (the read model's touch of the job row) —
-is started and timed until every command was seen on NATS and the table is empty. Real NATS and
-PostgreSQL (``KARIOS_NATS_URL``, ``KARIOS_PG_ADMIN_URL``, default the local ones) in a database
-of its own, dropped afterwards; each run has its own subject prefix and streams, deleted too.
+For each relay count (default 1 and 2): that many relays run, each in its own process as a
+gateway replica runs it — the gateway's own :class:`CommandOutbox` (LISTEN/NOTIFY wake-up, batches
+claimed with SKIP LOCKED, published concurrently, marked in one statement) with its real
+``on_relayed`` (the read model's touch of the job row). Then a burst of N provisions is committed
+as the route commits them — each its own transaction (job row + outbox row), from ``--writers``
+concurrent writers, as fast as PostgreSQL takes them. Each command's latency runs from its commit
+returning to its delivery by a JetStream consumer of the command stream (so it was stored); each
+relay reports how many commands it published (their sum = the burst: no double sends).
 
-    uv run python benchmarks/outbox_relay.py --rows 1000 --workers 1,4,8
+Real NATS and PostgreSQL (``KARIOS_NATS_URL``, ``KARIOS_PG_ADMIN_URL``, default the local ones), a
+database of its own, dropped afterwards; each run has its own subject prefix and streams, deleted too.
+
+    uv run python benchmarks/outbox_relay.py --commands 1000 --relays 1,2
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
+import statistics
+import subprocess
+import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import nats
@@ -34,92 +44,260 @@ from karios.common.db.migrate import upgrade
 from karios.common.settings import KariosSettings
 
 MIGRATIONS = Path(karios.api_gateway.__file__).parent / "migrations"
+LIMIT_S = 1.0  # issue 28 item 2: p99 commit → JetStream
 
 
-async def one_run(base: KariosSettings, rows: int, workers: int) -> dict[str, float]:
-    prefix = f"obench{uuid.uuid4().hex[:8]}"
-    settings = base.model_copy(update={"bus_prefix": prefix})
-    bus, db = Bus.from_settings(settings, "gw-bench"), Database(settings.database_url)
+def _settings(nats_url: str, database_url: str, prefix: str) -> KariosSettings:
+    return KariosSettings(
+        dev_mode=True, nats_url=nats_url, database_url=database_url, bus_prefix=prefix, log_json=False
+    )
+
+
+def _touch_many(db: Database):  # type: ignore[no-untyped-def]
+    """``ProvisionProjector.relayed`` for a whole round in one statement (``--bookkeeping batch``:
+    the proposed wiring; the gateway's app passes the per-command ``projector.relayed`` today)."""
+
+    async def touch(commands) -> None:  # type: ignore[no-untyped-def]
+        ids = [c.job_id for c in commands if isinstance(c, StartProvision)]
+        async with db.session() as s, s.begin():
+            await s.exec(
+                sa.update(JobRow)
+                .where(JobRow.id.in_(ids), JobRow.job_status == "queued")  # type: ignore[attr-defined]
+                .values(updated_at=sa.func.now())
+            )
+
+    return touch
+
+
+async def relay_child(nats_url: str, database_url: str, prefix: str, name: str, bookkeeping: str) -> None:
+    """One relay (a gateway replica's), until SIGTERM; prints ``ready`` once it LISTENs."""
+    settings = _settings(nats_url, database_url, prefix)
+    bus, db = Bus.from_settings(settings, name), Database(settings.database_url)
     await bus.start()
     projector = ProvisionProjector(bus, db, lost_after=600)
-    outbox = CommandOutbox(bus, db.engine, on_relayed=projector.relayed, workers=workers)
-    subject = bus.subjects.cmd("provision", "start")
-    seen: set[str] = set()
-    done = asyncio.Event()
-    jobs = [f"{prefix}-{i}" for i in range(rows)]
+    if bookkeeping == "batch":
+        outbox = CommandOutbox(bus, db.engine, on_relayed_many=_touch_many(db))
+    else:  # as the gateway's app wires it
+        outbox = CommandOutbox(bus, db.engine, on_relayed=projector.relayed)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await outbox.start()
+    while not outbox.listening:
+        await asyncio.sleep(0.01)
+    print("ready", flush=True)
+    cpu0 = time.process_time()
+    await stop.wait()
+    await outbox.stop()
+    relayed = int(outbox.m_relayed.labels(StartProvision.TYPE)._value.get())
+    print(f"relayed {relayed} {time.process_time() - cpu0:.3f}", flush=True)
+    await bus.stop()
+    await db.close()
 
-    async def cb(msg) -> None:  # type: ignore[no-untyped-def]
-        seen.add((msg.headers or {}).get("Nats-Msg-Id", ""))
-        if len(seen) >= rows:
+
+async def _spawn(
+    n: int, nats_url: str, database_url: str, prefix: str, bookkeeping: str
+) -> list[asyncio.subprocess.Process]:
+    procs = []
+    for i in range(n):
+        args = ["--child", nats_url, database_url, prefix, f"relay-{i}", bookkeeping]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, *args, stdout=asyncio.subprocess.PIPE
+        )
+        procs.append(proc)
+    for proc in procs:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=60)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"a relay did not start: {line!r}")
+    return procs
+
+
+def _uptime() -> str:
+    with contextlib.suppress(OSError):
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+    return "load average {:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg())
+
+
+def _pct(sorted_ms: list[float], p: float) -> float:
+    return sorted_ms[min(len(sorted_ms) - 1, max(0, round(p / 100 * len(sorted_ms)) - 1))]
+
+
+async def one_run(
+    nats_url: str,
+    database_url: str,
+    commands: int,
+    relays: int,
+    writers: int,
+    one_commit: bool,
+    bookkeeping: str,
+) -> dict:
+    prefix = f"obench{uuid.uuid4().hex[:8]}"
+    settings = _settings(nats_url, database_url, prefix)
+    bus, db = Bus.from_settings(settings, "gw-bench"), Database(settings.database_url, pool_size=writers)
+    await bus.start()  # declares the streams
+    subject = bus.subjects.cmd("provision", "start")
+    writer = CommandOutbox(bus, db.engine)  # add() only: the relays are the child processes
+    jobs = [f"{prefix}-{i}" for i in range(commands)]
+    committed: dict[str, float] = {}
+    stored: dict[str, float] = {}
+    in_stream: Counter[str] = Counter()
+    relayed: list[int] = []
+    cpu_s: list[float] = []  # each relay's CPU time from ready to stop
+    done = asyncio.Event()
+
+    async def on_stored(msg) -> None:  # type: ignore[no-untyped-def]
+        mid = (msg.headers or {}).get("Nats-Msg-Id", "")
+        stored.setdefault(mid, time.perf_counter())
+        in_stream[mid] += 1
+        if len(stored) >= commands:
             done.set()
 
-    nc = await nats.connect(settings.nats_url)
-    await nc.subscribe(subject, cb=cb)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await js.subscribe(subject, cb=on_stored, stream=bus.subjects.cmd_stream)  # explicit ack (work queue)
     await nc.flush()
-    try:
-        async with db.session() as s, s.begin():
-            for job in jobs:
-                s.add(JobRow(id=job, bmc_ip="10.96.0.1", message="Queued"))
-                spec = ProvisionSpec(bmc_ip="10.96.0.1", vendor="dell", hostname="n")
-                cmd = StartProvision(job_id=job, spec=spec)
-                await outbox.add(s, cmd, subject, entity=job, msg_id=job)
-        t0 = time.perf_counter()
-        await outbox.start()
-        await asyncio.wait_for(done.wait(), timeout=600)
-        published = time.perf_counter() - t0
-        while True:
+    procs = await _spawn(relays, nats_url, database_url, prefix, bookkeeping)
+    spec = ProvisionSpec(bmc_ip="10.96.0.1", vendor="dell", hostname="n")
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for job in jobs:
+        queue.put_nowait(job)
+
+    async def write_all_at_once() -> None:  # every command visible at the same instant: the worst case
+        async with db.session() as s:
+            async with s.begin():
+                for job in jobs:
+                    s.add(JobRow(id=job, bmc_ip="10.96.0.1", message="Queued"))
+                    cmd = StartProvision(job_id=job, spec=spec)
+                    await writer.add(s, cmd, subject, entity=job, msg_id=job)
+            committed.update(dict.fromkeys(jobs, time.perf_counter()))
+
+    async def write() -> None:
+        while not queue.empty():
+            job = queue.get_nowait()
             async with db.session() as s:
-                q = sa.select(sa.func.count()).select_from(outbox_table)
-                q = q.where(outbox_table.c.queue == outbox.queue)
+                async with s.begin():
+                    s.add(JobRow(id=job, bmc_ip="10.96.0.1", message="Queued"))
+                    await writer.add(
+                        s, StartProvision(job_id=job, spec=spec), subject, entity=job, msg_id=job
+                    )
+                committed[job] = time.perf_counter()
+
+    load = os.getloadavg()
+    try:
+        t0 = time.perf_counter()
+        if one_commit:
+            await write_all_at_once()
+        else:
+            await asyncio.gather(*(write() for _ in range(writers)))
+        burst_s = time.perf_counter() - t0
+        await asyncio.wait_for(done.wait(), timeout=300)
+        all_s = time.perf_counter() - t0
+        while True:  # every row marked sent
+            async with db.session() as s:
+                q = (
+                    sa.select(sa.func.count())
+                    .select_from(outbox_table)
+                    .where(outbox_table.c.queue == writer.queue)
+                )
                 if int((await s.exec(q)).one()[0]) == 0:
                     break
             await asyncio.sleep(0.05)
-        drained = time.perf_counter() - t0
-        return {"published": published, "drained": drained, "rate": rows / published}
+        await asyncio.sleep(0.5)  # a late duplicate, if any, reaches the counters
+        ms = sorted((stored[j] - committed[j]) * 1000 for j in jobs)
+        return {
+            "load": load,
+            "burst_s": burst_s,
+            "all_s": all_s,
+            "p50": _pct(ms, 50),
+            "p95": _pct(ms, 95),
+            "p99": _pct(ms, 99),
+            "max": ms[-1],
+            "mean": statistics.fmean(ms),
+            "relayed": relayed,
+            "cpu_s": cpu_s,
+            "stored_once": sum(1 for j in jobs if in_stream[j] == 1),
+        }
     finally:
-        await outbox.stop()
+        for proc in procs:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                out, _ = await asyncio.wait_for(proc.communicate(), timeout=15)
+                for line in out.decode().splitlines():
+                    if line.startswith("relayed"):
+                        relayed.append(int(line.split()[1]))
+                        cpu_s.append(float(line.split()[2]))
+            except TimeoutError:
+                proc.kill()
         await nc.close()
         async with db.session() as s, s.begin():
             await s.exec(sa.delete(JobRow).where(JobRow.id.in_(jobs)))  # type: ignore[attr-defined]
         await db.close()
-        js = bus.nc.jetstream() if getattr(bus, "nc", None) else None
-        if js is not None:
-            for stream in await js.streams_info():
-                if stream.config.name.lower().startswith(prefix.lower()):
-                    await js.delete_stream(stream.config.name)
+        for stream in (bus.subjects.cmd_stream, bus.subjects.evt_stream, bus.subjects.dlq_stream):
+            with contextlib.suppress(Exception):  # best effort: a stream never created
+                await bus.js.delete_stream(stream)
         await bus.stop()
 
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=1000)
-    ap.add_argument("--workers", default="1,4,8")
+    ap.add_argument("--commands", type=int, default=1000)
+    ap.add_argument("--relays", default="1,2")
+    ap.add_argument("--writers", type=int, default=32, help="concurrent transactions committing the burst")
+    ap.add_argument(
+        "--bookkeeping",
+        choices=["per-command", "batch"],
+        default="per-command",
+        help="after-relay touch of the job row: per command (the gateway's wiring today) or one "
+        "statement per round (on_relayed_many, proposed)",
+    )
     args = ap.parse_args()
     admin_url = os.environ.get("KARIOS_PG_ADMIN_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres")
+    nats_url = os.environ.get("KARIOS_NATS_URL", "nats://127.0.0.1:4222")
     name = f"karios_bench_outbox_{uuid.uuid4().hex[:8]}"
     admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
     async with admin.connect() as c:
         await c.execute(sa.text(f'CREATE DATABASE "{name}"'))
     url = sa.engine.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    base = KariosSettings(
-        dev_mode=True,
-        nats_url=os.environ.get("KARIOS_NATS_URL", "nats://127.0.0.1:4222"),
-        database_url=url,
-        log_json=False,
-    )
     try:
-        await asyncio.to_thread(upgrade, MIGRATIONS, base.database_url, "gateway")
-        print(f"\noutbox backlog of {args.rows} commands, one relay (load average {os.getloadavg()[0]:.1f})")
-        print("| workers | all published (s) | table empty (s) | commands/s |")
-        print(f"| {'-' * 6}: | {'-' * 16}: | {'-' * 14}: | {'-' * 9}: |")
-        for w in (int(x) for x in args.workers.split(",")):
-            r = await one_run(base, args.rows, w)
-            print(f"| {w:>7} | {r['published']:>17.2f} | {r['drained']:>15.2f} | {r['rate']:>10.0f} |")
+        await asyncio.to_thread(upgrade, MIGRATIONS, url, "gateway")
+        print(
+            f"\noutbox relay: a burst of {args.commands} commands, commit → stored in JetStream "
+            f"(limit p99 < {LIMIT_S:.0f} s), bookkeeping {args.bookkeeping}; uptime: {_uptime()}"
+        )
+        print(
+            "| relays | commits | load (1 min) | burst committed in (s) | all in JetStream (s) "
+            "| p50 (ms) | p95 (ms) | p99 (ms) | max (ms) | p99 / 1 s | publishes (per relay) "
+            "| in stream once | relay CPU / command |"
+        )
+        print(
+            "| -----: | :--- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        )
+        n = args.commands
+        scenarios = [(False, f"{n} × 1 ({args.writers} writers)"), (True, f"1 × {n} (one transaction)")]
+        for relays in (int(x) for x in args.relays.split(",")):
+            for one_commit, label in scenarios:
+                r = await one_run(nats_url, url, n, relays, args.writers, one_commit, args.bookkeeping)
+                _row(relays, label, r, n)
     finally:
         async with admin.connect() as c:
             await c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         await admin.dispose()
 
 
+def _row(relays: int, label: str, r: dict, n: int) -> None:
+    print(
+        f"| {relays} | {label} | {r['load'][0]:.1f} | {r['burst_s']:.2f} | {r['all_s']:.2f} | {r['p50']:.1f} "
+        f"| {r['p95']:.1f} | {r['p99']:.1f} | {r['max']:.1f} | {r['p99'] / 1000 / LIMIT_S:.3f} "
+        f"| {' + '.join(map(str, r['relayed']))} = {sum(r['relayed'])} | {r['stored_once']}/{n} "
+        f"| {sum(r['cpu_s']) / n * 1000:.2f} ms |",
+        flush=True,
+    )
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        asyncio.run(relay_child(*sys.argv[2:7]))
+    else:
+        asyncio.run(main())

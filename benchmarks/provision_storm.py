@@ -30,11 +30,7 @@ import asyncio
 import json
 import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -44,12 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 
 import httpx
 import psutil
-import yaml
 
+from benchmarks.launch import KariosUp, sql
 from tests.lab import redfish_lab
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
 
-PORTS = ("GATEWAY", "BOOTAPI", "PROVISIONER", "INVENTORY", "FABRIC_WORKER")
 VENDORS = ("dell", "hpe", "supermicro", "generic")
 STAGES = ("queued", "building_media", "mounting", "booting")
 PASSWORD = "storm-bmc-pw"
@@ -79,14 +74,6 @@ def bmc_ip(i: int) -> str:
     return f"10.200.{i % 16}.{i // 16 + 1}"  # 16 /24s: bmc_per_subnet (4) x 16 is not the bound
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_emulators(hosts: int, count: int, media: str) -> list[RedfishEmulator]:
     if media == "head":
         redfish_lab._RUN = _HEAD_MEDIA + redfish_lab._RUN  # this process only
@@ -97,15 +84,10 @@ def start_emulators(hosts: int, count: int, media: str) -> list[RedfishEmulator]
     return emus
 
 
-class System:
+class System(KariosUp):
     """``karios up`` with the storm's inventory, BMC endpoints and admission limits."""
 
     def __init__(self, a: argparse.Namespace, emus: list[RedfishEmulator]) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="karios-storm-"))
-        self.root.chmod(0o755)
-        pg = os.environ.get("KARIOS_BENCH_PG", "postgres@127.0.0.1:5432")
-        self.db = f"karios_storm_{uuid.uuid4().hex[:8]}"
-        self.db_url = f"postgresql+asyncpg://{pg}/{self.db}"
         self.prefix = f"storm{uuid.uuid4().hex[:6]}"
         self.nats = os.environ.get("KARIOS_NATS_URL", "nats://127.0.0.1:4222")
         devices = [
@@ -117,13 +99,9 @@ class System:
             }
             for i in range(a.hosts)
         ]
-        (self.root / "inventory.yaml").write_text(yaml.safe_dump({"devices": devices}))
         endpoints = {
             bmc_ip(i): {"url": emus[i % len(emus)].url, "system_id": f"s{i:05d}"} for i in range(a.hosts)
         }
-        self.ports = {p: free_port() for p in PORTS}
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KARIOS_")}
-        env |= {f"KARIOS_{p}_PORT": str(n) for p, n in self.ports.items()}
         self.limits = {
             "ADMISSION_OVERALL": str(a.overall),
             "ADMISSION_PER_VENDOR": str(a.per_vendor),
@@ -131,15 +109,10 @@ class System:
             "BMC_PER_SUBNET": "4",
             "BUILD_CONCURRENCY": "2",
         }
-        env |= {f"KARIOS_PROVISIONER_{k}": v for k, v in self.limits.items()}
+        env = {f"KARIOS_PROVISIONER_{k}": v for k, v in self.limits.items()}
         env |= {
-            "KARIOS_STATE_DIR": str(self.root / "state"),
-            "KARIOS_CONFIG": str(self.root / "client.json"),
-            "KARIOS_DATABASE_URL": self.db_url,
             "KARIOS_NATS_URL": self.nats,
             "KARIOS_BUS_PREFIX": self.prefix,
-            "KARIOS_INVENTORY_FILE": str(self.root / "inventory.yaml"),
-            "KARIOS_LOG_LEVEL": "WARNING",
             "KARIOS_PROVISIONER_BMC_ENDPOINTS": json.dumps(endpoints, separators=(",", ":")),
             "KARIOS_PROVISIONER_BMC_TIMEOUT": "60",
             # BMC credentials: the documented name, and the one ProvisionerConfig reads today (its
@@ -151,59 +124,10 @@ class System:
             "KARIOS_PROVISIONER_INSTALL_METHOD": "preseed",
             "KARIOS_PROVISIONER_STAGE_DEADLINE": "3600",
         }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "karios.cli", "up", "--timeout", "180"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.out: list[str] = []
-        threading.Thread(target=lambda: self.out.extend(self.proc.stdout or []), daemon=True).start()
-        deadline = time.monotonic() + 240
-        while "Ctrl-C stops everything" not in "".join(self.out):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("karios up did not start:\n" + "".join(self.out))
-            time.sleep(0.2)
-        self.token = (self.root / "state" / "admin.token").read_text().strip()
-
-    def url(self, port: str = "GATEWAY") -> str:
-        return f"http://127.0.0.1:{self.ports[port]}"
+        super().__init__("storm", {"devices": devices}, env)
 
     def provisioner(self) -> psutil.Process:
-        for child in psutil.Process(self.proc.pid).children(recursive=True):
-            try:
-                if child.cmdline()[-2:] == ["run", "provisioner"]:
-                    return child
-            except psutil.Error:
-                continue
-        raise LookupError("no provisioner process")
-
-    def stop(self, keep: bool = False) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        if keep:
-            print(f"kept {self.root} (logs under state/)")
-        else:
-            shutil.rmtree(self.root, ignore_errors=True)
-        asyncio.run(sql(self.db_url, f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)', db="postgres"))
-
-
-async def sql(db_url: str, statement: str, db: str | None = None) -> list:
-    from sqlalchemy import text
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    url = db_url.rsplit("/", 1)[0] + "/" + db if db else db_url
-    engine = create_async_engine(url, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as c:
-            res = await c.execute(text(statement))
-            return list(res.all()) if res.returns_rows else []
-    finally:
-        await engine.dispose()
+        return self.process_of("provisioner")
 
 
 def du(path: Path) -> int:

@@ -15,6 +15,13 @@ behind a load balancer do). The SSE clients run in their own processes (``--clie
 0 = one per 500 clients), reading raw sockets, so the load generator neither shares the
 gateway's event loop nor costs a JSON parse per delivery. Uses the NATS/PostgreSQL of
 KARIOS_NATS_URL / KARIOS_DATABASE_URL (default 127.0.0.1).
+
+Publishing starts once every client is registered with its gateway (its ``: connected`` frame
+arrived, whose ``id`` is the stream sequence it receives every event after). Every client must
+receive every event once and in order: a row with any shortfall (an event missing, duplicated or
+out of order, a client cut or refused) is marked FAILED in the table, the events missing are
+named (which event, how many clients, on which gateway; published after the client joined, i.e.
+lost, or before it) with the relay's warnings from that gateway's log, and the script exits 1.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ import math
 import os
 import re
 import resource
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -70,6 +79,8 @@ def cpu_seconds() -> float:
 # ---------------------------------------------------------------- load generator (own process)
 
 _SENT = re.compile(rb'"seq":(\d+),"sent_ns":(\d+)')
+#: The gateway's first frame: the client is registered and receives every event after this id.
+_JOINED = re.compile(rb": connected\nid: (\d+)\n")
 
 
 class _Client(asyncio.Protocol):
@@ -79,7 +90,11 @@ class _Client(asyncio.Protocol):
         self.request, self.w = request, worker
         self.tail = b""
         self.got = 0
+        self.seen: set[int] = set()  # the events' own counters (BenchTick.seq)
+        self.last = -1
+        self.dups = self.disorder = 0
         self.connected = False
+        self.joined: int | None = None  # the stream sequence the gateway registered it after
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -101,6 +116,8 @@ class _Client(asyncio.Protocol):
                 return
             if b": connected" in whole:
                 self.connected = True
+                joined = _JOINED.search(whole)
+                self.joined = int(joined.group(1)) if joined else None
                 self.w.ready(self)
         lat, worst = self.w.latencies, self.w.worst
         for m in _SENT.finditer(whole):
@@ -109,7 +126,14 @@ class _Client(asyncio.Protocol):
             seq = int(m.group(1))
             if ms > worst.get(seq, 0.0):
                 worst[seq] = ms
-            self.got += 1
+            if seq in self.seen:
+                self.dups += 1
+            else:
+                self.seen.add(seq)
+                self.got += 1
+            if seq < self.last:
+                self.disorder += 1
+            self.last = max(self.last, seq)
         if b"event: reconnect" in whole:
             self.w.cut += 1
             self.w.finished(self)
@@ -149,23 +173,27 @@ class _Worker:
 
 
 async def worker_main(ports: list[int], n: int, expected: int, token: str, timeout: float) -> None:
-    """Open ``n`` SSE clients (round-robin over ``ports``), print READY, then a JSON result."""
+    """Open ``n`` SSE clients (round-robin over ``ports``), print READY once every one of them is
+    registered with its gateway (its ``: connected`` frame arrived), then a JSON result."""
     loop = asyncio.get_running_loop()
     w = _Worker(expected)
-    clients = []
-    for i in range(n):
-        req = (
-            "GET /controlnode/events?channel=provision HTTP/1.1\r\nHost: x\r\n"
-            f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
-        ).encode()
-        c = _Client(req, w)
-        w.waiting_ready.add(c)
-        w.open.add(c)
-        clients.append(c)
+    req = (
+        "GET /controlnode/events?channel=provision HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
+    ).encode()
+    # Every client is waited for before the first connects: were they added one by one, the
+    # barrier would open as soon as the clients connected *so far* were all registered (in a
+    # pause between batches, on a loaded machine), and the publisher would start while the rest
+    # were still being accepted — they would miss the first events, published before they joined.
+    clients = [_Client(req, w) for _ in range(n)]
+    w.waiting_ready.update(clients)
+    w.open.update(clients)
+    for i, c in enumerate(clients):
         await loop.create_connection(lambda c=c: c, "127.0.0.1", ports[i % len(ports)])
         if i % 50 == 49:
             await asyncio.sleep(0.02)
     await asyncio.wait_for(w.all_ready.wait(), 120)
+    assert not w.waiting_ready, "READY before every client was registered"
     # No collector pauses in the measurement: they would be the load generator's, not the gateway's.
     gc.freeze()
     gc.disable()
@@ -180,6 +208,12 @@ async def worker_main(ports: list[int], n: int, expected: int, token: str, timeo
             c.transport.close()
     got = sum(c.got for c in clients)
     short = [(i % len(ports), c.got, c.connected) for i, c in enumerate(clients) if c.got < expected]
+    # Per client that missed events: its gateway, the id it joined after, the events (BenchTick.seq).
+    missed = [
+        (i % len(ports), c.joined, sorted(set(range(expected)) - c.seen))
+        for i, c in enumerate(clients)
+        if c.connected and c.got < expected
+    ]
     sys.stdout.write(
         json.dumps(
             {
@@ -191,6 +225,9 @@ async def worker_main(ports: list[int], n: int, expected: int, token: str, timeo
                 "cpu": cpu,
                 "short": short[:20],
                 "n_short": len(short),
+                "missed": missed,
+                "dups": sum(c.dups for c in clients),
+                "disorder": sum(c.disorder for c in clients),
             }
         )
         + "\n"
@@ -240,10 +277,12 @@ async def run_sse(
     gw_cpu0 = [sum(p.cpu_times()[:2]) for p in gateways]
     cpu0 = cpu_seconds()
     t0 = time.perf_counter()
+    stored: list[int] = []  # each event's stream sequence (its SSE id)
     for i in range(events):
-        await bus.publish_event(
+        ack = await bus.publish_event(
             BenchTick(seq=i, sent_ns=time.time_ns()), bus.subjects.evt("provision", "bench", "bench")
         )
+        stored.append(ack.seq)
         await asyncio.sleep(max(0.0, t0 + (i + 1) / rate - time.perf_counter()))
     pub_elapsed = time.perf_counter() - t0
     gw_cpu = [(sum(p.cpu_times()[:2]) - c) / pub_elapsed for p, c in zip(gateways, gw_cpu0, strict=True)]
@@ -256,13 +295,27 @@ async def run_sse(
     elapsed = time.perf_counter() - t0
     await bus.stop()
     latencies = [x for r in results for x in r["latencies"]]
+    # Each event a client missed: after the id it joined at (lost by the gateway), or published
+    # before the gateway registered it (the load generator started the run too early).
+    missing: dict[tuple[int, int], int] = {}  # (gateway, event) -> clients
+    lost = early = 0
+    for r in results:
+        for gw, joined, seqs in r["missed"]:
+            for seq in seqs:
+                missing[gw, seq] = missing.get((gw, seq), 0) + 1
+                if joined is not None and stored[seq] <= joined:
+                    early += 1
+                else:
+                    lost += 1
     worst: dict[int, float] = {}
     for r in results:
         for seq, ms in r["worst"].items():
             worst[int(seq)] = max(ms, worst.get(int(seq), 0.0))
+    got = sum(r["got"] for r in results)
     return {
         "n": n_clients,
         "deliveries": len(latencies),
+        "got": got,
         "expected": n_clients * events,
         "rate": len(latencies) / elapsed,
         "p50": pct(latencies, 0.5),
@@ -276,6 +329,11 @@ async def run_sse(
         "procs": len(workers),
         "short": [x for r in results for x in r["short"]],
         "n_short": sum(r["n_short"] for r in results),
+        "missing": missing,
+        "lost": lost,
+        "early": early,
+        "dups": sum(r["dups"] for r in results),
+        "disorder": sum(r["disorder"] for r in results),
         "slowest": sorted(worst.items(), key=lambda kv: -kv[1])[:5],
     }
 
@@ -321,7 +379,38 @@ async def wait_listening(port: int) -> None:
     raise RuntimeError(f"gateway on port {port} did not start")
 
 
-async def main() -> None:
+def shortfalls(r: dict) -> list[str]:
+    """Why a row failed: every way a client did not get every event once and in order."""
+    why = []
+    got = r.get("got", r["deliveries"])
+    if got < r["expected"]:
+        why.append(f"{r['expected'] - got} event deliveries missing")
+    if r.get("lost"):
+        why.append(f"{r['lost']} missed event(s) published after their client joined: lost by the gateway")
+    if r.get("early"):
+        why.append(
+            f"{r['early']} missed event(s) published before their client joined: the run started too early"
+        )
+    for key, what in (
+        ("dups", "duplicate deliveries"),
+        ("disorder", "deliveries out of order"),
+        ("cut", "client(s) cut"),
+        ("failed", "client(s) refused"),
+    ):
+        if r.get(key):
+            why.append(f"{r[key]} {what}")
+    return why
+
+
+def relay_warnings(log: str, offset: int) -> list[str]:
+    """The SSE relay's warnings a gateway logged after ``offset`` (recoveries, restarts, resets)."""
+    with open(log, "rb") as f:
+        f.seek(offset)
+        lines = f.read().decode(errors="replace").splitlines()
+    return [line[:300] for line in lines if "relay" in line or "consumer" in line.lower()]
+
+
+async def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=100)
     ap.add_argument("--rate", type=float, default=10.0, help="events per second published")
@@ -349,28 +438,38 @@ async def main() -> None:
     )
     rows: list[tuple[str, dict]] = []
     load0 = os.getloadavg()[0]
+    logdir = tempfile.mkdtemp(prefix="sse-bench-")
     try:
         rows.append(("raw nats-py pub→sub", await run_raw(args.events, args.rate, env["KARIOS_NATS_URL"])))
         for n_gw in [int(x) for x in args.gateways.split(",")]:
             ports = [free_port() for _ in range(n_gw)]
+            logs = [os.path.join(logdir, f"gw{n_gw}-{k}.log") for k in range(n_gw)]
             gws = []
             try:
-                for port in ports:  # one at a time: they migrate the same database on start
-                    gws.append(
-                        subprocess.Popen(
-                            [sys.executable, "-m", "karios.cli", "run", "api-gateway", "--port", str(port)],
-                            env=env,
-                            stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL,
+                for port, log in zip(ports, logs, strict=True):  # one at a time: they migrate one database
+                    cmd = [sys.executable, "-m", "karios.cli", "run", "api-gateway", "--port", str(port)]
+                    with open(log, "wb") as out:
+                        gws.append(
+                            subprocess.Popen(
+                                cmd,
+                                env=env,
+                                stdout=out,
+                                stderr=subprocess.STDOUT,
+                            )
                         )
-                    )
                     await wait_listening(port)
                 await asyncio.sleep(1.0)
                 procs = [psutil.Process(g.pid) for g in gws]
                 for n in [int(x) for x in args.clients.split(",")]:
+                    offsets = [os.path.getsize(log) for log in logs]
                     r = await run_sse(
                         n, args.events, args.rate, ports, procs, settings, token, args.client_procs
                     )
+                    if shortfalls(r):
+                        r["warnings"] = {
+                            k: relay_warnings(log, off)
+                            for k, (log, off) in enumerate(zip(logs, offsets, strict=True))
+                        }
                     rows.append((f"SSE, {n} client(s), {n_gw} gw", r))
             finally:
                 for g in gws:
@@ -402,7 +501,7 @@ async def main() -> None:
         f"{'-' * 14}|{'-' * 9}|"
     )
     for name, r in rows:
-        delivered = f"{r['deliveries']:>7d}/{r['expected']:<7d}"
+        delivered = f"{r.get('got', r['deliveries']):>7d}/{r['expected']:<7d}"
         if "gw_cpu" in r:
             gen = f"{r['gen_cpu'] * 100:>5.0f}% ({r['procs']}p)"
             cpu = f" {r['gw_cpu'] * 100:>5.0f}% | {gen:>12s} | {r['pub_cpu'] * 100:>6.0f}% |"
@@ -411,6 +510,7 @@ async def main() -> None:
         print(
             f"| {name:28s} | {delivered} | {r.get('cut', 0):>4d} | {r['rate']:>7.0f} | {r['p50']:>7.2f} |"
             f" {r['p95']:>7.2f} | {r['p99']:>7.2f} | {r['p99'] / args.limit_ms:>10.2f} |{cpu}"
+            + (" **FAILED**" if shortfalls(r) else "")
         )
     for name, r in rows:
         if r.get("slowest"):
@@ -421,8 +521,25 @@ async def main() -> None:
         if r.get("n_short"):
             short = f"{r['n_short']} client(s) short of every event (gateway, got, connected)"
             print(f"{name}: {short}: {r['short']}")
+        if r.get("missing"):
+            missed = ", ".join(
+                f"#{seq} by {count} client(s) of gateway {gw}"
+                for (gw, seq), count in sorted(r["missing"].items(), key=lambda kv: kv[0][::-1])[:20]
+            )
+            print(f"{name}: events never received: {missed}")
+        for gw, lines in r.get("warnings", {}).items():
+            for line in lines[:20]:
+                print(f"{name}: gateway {gw} logged: {line}")
+    failed = [(name, why) for name, r in rows if (why := shortfalls(r))]
+    for name, why in failed:
+        print(f"FAILED {name}: {'; '.join(why)} (every client must get every event once, in order)")
     print("p99/limit <= 1 meets the limit (publish→delivery). CPU: 100% = one core, while publishing;")
     print("load generator and publisher run in processes of their own, the gateway(s) in theirs.")
+    if failed:
+        print(f"gateway logs: {logdir}")
+        return 1
+    shutil.rmtree(logdir, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":
@@ -438,4 +555,4 @@ if __name__ == "__main__":
             worker_main([int(p) for p in _ports.split(",")], int(_n), int(_events), _token, float(_timeout))
         )
     else:
-        asyncio.run(main())
+        sys.exit(asyncio.run(main()))

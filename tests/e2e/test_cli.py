@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +20,8 @@ import pytest
 import yaml
 
 from tests.fixtures.chaos import KariosUp, state_dir
-from tests.fixtures.provision import inserts_seen, medium_token, write_inventory
+from tests.fixtures.cli import readme_client_examples
+from tests.fixtures.provision import bmc_medium_url, inserts_seen, medium_token, write_inventory
 from tests.fixtures.wait import wait_until_sync
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
 
@@ -48,17 +52,21 @@ class System:
         )
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
+        """The CLI as a terminal runs it: SIGINT at its default, whatever this process inherited (a
+        test run started with `&` from a script has SIGINT ignored, and Python then installs no
+        KeyboardInterrupt handler: Ctrl-C would not reach the CLI)."""
         return subprocess.Popen(
             [sys.executable, "-m", "karios.cli", *args],
             env=self.env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
 
     def medium_url(self, job_id: str) -> str:
         """The job's boot medium as the BMC downloads it from the provisioner."""
-        return f"{self.up.url('provisioner')}/media/{job_id}.iso"
+        return bmc_medium_url(self.emu, job_id)  # signed: the URL InsertMedia was given
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +113,16 @@ def test_karios_up_writes_a_private_client_context_and_login_checks_it(system: S
     assert ctx["url"] == system.up.url() and ctx["token"] == system.up.token
     assert stat.S_IMODE(system.config.stat().st_mode) == 0o600
     assert f"context in {system.config}" in system.up.text()
+    # ... and under its state directory's name, so another system on this machine keeps its own.
+    named = system.config.parent / "contexts" / f"{system.up.state.name}.json"
+    assert json.loads(named.read_text())["url"] == system.up.url()
+    assert stat.S_IMODE(named.stat().st_mode) == 0o600
+    assert f"--context {system.up.state.name}: {named}" in system.up.text()
+    r = system.karios("--context", system.up.state.name, "-o", "json", "context", "show")
+    assert r.returncode == 0 and json.loads(r.stdout)["url"] == system.up.url(), r.stderr
+    assert system.karios("--context", system.up.state.name, "jobs").returncode == 0
+    nope = system.karios("jobs", KARIOS_CONTEXT="no-such-system")
+    assert nope.returncode == 2 and "no context 'no-such-system'" in nope.stderr
 
     other = system.root / "other.json"
     r = system.karios("login", system.up.url(), "--token", system.up.token, KARIOS_CONFIG=str(other))
@@ -210,9 +228,18 @@ def test_adopting_an_unreachable_node_is_one_line_naming_it(system: System):
 
 
 def test_watch_exits_non_zero_when_the_job_fails_and_says_why(system: System):
-    r = system.karios("provision", DEAD_BMC, "--watch", timeout=180)
+    r = system.karios("provision", DEAD_BMC, "--watch", timeout=180, COLUMNS="80")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "failed" in r.stdout and DEAD_BMC in r.stdout
+    job_id = re.search(r"job (\S+) accepted for", r.stdout).group(1)  # type: ignore[union-attr]
+    reason = json.loads(system.karios("-o", "json", "job", "show", job_id).stdout)["message"]
+    assert len(reason) > 20, reason
+    # The per-line output says why (not only "Failed"), the summary keeps the whole reason and
+    # the whole id, even at 80 columns in a pipe.
+    failed = [line for line in r.stdout.splitlines() if DEAD_BMC in line and " failed " in line]
+    assert failed and reason in failed[0], r.stdout
+    summary = r.stdout.split("jobs")[-1]
+    assert job_id in summary and reason in summary and "…" not in summary, r.stdout
 
 
 def test_until_cancel_and_unprovision(system: System):
@@ -223,8 +250,9 @@ def test_until_cancel_and_unprovision(system: System):
         for e in json.loads(system.karios("--output", "json", "jobs").stdout)["entries"]
         if e["bmc_ip"] == BMCS[1]
     )
-    c = system.karios("job", "cancel", job_id)
+    c = system.karios("job", "cancel", job_id[:8])  # a unique prefix is enough
     assert c.returncode == 0, c.stderr
+    assert job_id in c.stdout  # a pipe gets the whole id
 
     def cancelled() -> bool:
         j = json.loads(system.karios("--output", "json", "job", "show", job_id).stdout)
@@ -233,8 +261,77 @@ def test_until_cancel_and_unprovision(system: System):
     wait_until_sync(cancelled, timeout=60, interval=0.5, what="the job to be cancelled")
     u = system.karios("--output", "json", "unprovision", BMCS[1])
     assert u.returncode == 0, u.stderr
-    wipe = json.loads(system.karios("--output", "json", "job", "show", json.loads(u.stdout)["job_id"]).stdout)
+    wipe_id = json.loads(u.stdout)["job_id"]
+    wipe = json.loads(system.karios("--output", "json", "job", "show", wipe_id).stdout)
     assert wipe["job_type"] == "unprovision" and wipe["bmc_ip"] == BMCS[1]
+    system.karios("job", "cancel", wipe_id)  # (it may have ended already: the BMC is free again)
+    # --watch says it was accepted (like provision) and, here, why it failed.
+    dead = system.karios("unprovision", DEAD_BMC, "--watch", timeout=180)
+    assert dead.returncode == 1, dead.stdout + dead.stderr
+    assert re.search(rf"^job \S+ accepted for {re.escape(DEAD_BMC)}$", dead.stdout, re.M), dead.stdout
+    assert any(DEAD_BMC in x and " failed " in x and "Failed:" in x for x in dead.stdout.splitlines())
+
+    bogus = system.karios("provision", BMCS[1], "--watch", "--until", "bogus")
+    assert bogus.returncode == 2 and "'bogus' is not a job state" in bogus.stderr
+
+    # History: ended jobs too, newest first, every id whole in a pipe.
+    h = system.karios("jobs", "--all", "--since", "1h", COLUMNS="80")
+    assert h.returncode == 0 and job_id in h.stdout and wipe_id in h.stdout, h.stdout + h.stderr
+    assert system.karios("jobs").stdout.count(job_id) == 0  # the queue has only active jobs
+
+
+GAP = 6.0  # seconds between `jobs --watch` opening its stream and the job it must follow
+
+
+def test_jobs_watch_follows_a_job_started_after_it(system: System):
+    proc = system.popen("jobs", "--watch")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    try:
+        wait_until_sync(lambda: any("Ctrl-C stops" in x for x in lines), timeout=90, interval=0.2,
+                        what="jobs --watch to start")  # fmt: skip
+        time.sleep(GAP)  # its event stream is open; the watch is now GAP s older than any new job
+        t_post = time.monotonic()
+        r = system.karios("provision", BMCS[2], "--watch", "--until", "booting", timeout=240)
+        assert r.returncode == 0, r.stdout + r.stderr
+        job_id = re.search(r"job (\S+) accepted for", r.stdout).group(1)  # type: ignore[union-attr]
+        wait_until_sync(
+            lambda: any(job_id in x and "booting" in x for x in lines),
+            timeout=120,
+            interval=0.2,
+            what="jobs --watch to show the new job at booting",
+        )
+        since_post = time.monotonic() - t_post
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        reader.join(5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines)
+    assert "Traceback" not in out, out
+    mine = [x for x in lines if job_id in x and BMCS[2] in x and "%" in x]
+    assert mine, out
+    # elapsed from the job's own start, not the watch's (which began GAP s before the job): on a
+    # loaded machine the job may take minutes to reach booting, so compare with the clock here.
+    elapsed = [float(m) for x in mine for m in re.findall(r"(\d+\.\d)s", x)]
+    assert elapsed and max(elapsed) < since_post + GAP / 2, (since_post, mine)
+    assert job_id in out.split("jobs")[-1]  # the summary table on Ctrl-C
+    assert system.karios("job", "cancel", job_id).returncode == 0
+
+
+def test_the_readmes_read_only_examples_run(system: System):
+    """The README's `karios …` examples that only read (fabric plan/preflight, job history, JSON and
+    wide output) answer 0 against a real system; the others are parsed by tests/unit/cli."""
+    ran = []
+    for argv in readme_client_examples():
+        if argv[:2] in (["fabric", "plan"], ["fabric", "preflight"], ["jobs", "--all"], ["-o", "json"],
+                        ["-o", "wide"]):  # fmt: skip
+            r = system.karios(*argv, timeout=120)
+            assert r.returncode == 0, (argv, r.stdout, r.stderr)
+            ran.append(argv[:2])
+    assert ["fabric", "plan"] in ran and ["fabric", "preflight"] in ran, ran
 
 
 def test_unknown_bmc_and_bad_input_are_one_readable_line(system: System):

@@ -35,7 +35,7 @@ from karios.common.bus.subjects import Subjects
 from tests.fixtures.chaos import PORT_VARS, KariosUp, PrivateNats, http_get, http_post, pg_ctl, state_dir
 from tests.fixtures.provision import resets_seen, write_inventory
 from tests.fixtures.wait import wait_until_sync
-from tests.lab.redfish_lab import RedfishEmulator, fake_system
+from tests.lab.redfish_lab import LAZY_MEDIA_FETCH, RedfishEmulator, fake_system
 
 HOSTS = int(os.environ.get("KARIOS_CLUSTER_HOSTS", "100"))
 FAULTS = set(os.environ.get("KARIOS_CLUSTER_FAULTS", "nats,services,postgres").split(","))
@@ -77,8 +77,8 @@ class SSEFollower:
             time.sleep(0.2)
 
 
-async def streams_now(nats_url: str) -> dict[str, dict[str, object]]:
-    nc = await nats.connect(nats_url.split(","))
+async def streams_now(nats_url: str, login: dict[str, str]) -> dict[str, dict[str, object]]:
+    nc = await nats.connect(nats_url.split(","), **login)
     try:
         js = nc.jetstream()
         out: dict[str, dict[str, object]] = {}
@@ -95,8 +95,9 @@ async def streams_now(nats_url: str) -> dict[str, dict[str, object]]:
         await nc.close()
 
 
-def stream_state(nats_url: str) -> dict[str, dict[str, object]]:
-    return asyncio.run(streams_now(nats_url))
+def stream_state(up: KariosUp) -> dict[str, dict[str, object]]:
+    """The streams as the embedded cluster stores them (its URLs and login from ``up``)."""
+    return asyncio.run(streams_now(up.nats_url(), up.nats_login()))
 
 
 def children(up: KariosUp) -> Iterator[tuple[psutil.Process, list[str], dict[str, str]]]:
@@ -174,11 +175,11 @@ def bus_and_outbox(up: KariosUp) -> str:
     """The command stream, the provisioner's consumer and the gateway's outbox, for a failure."""
     import asyncpg
 
-    nats_url = up.text().split("NATS      ", 1)[1].split()[0]
+    nats_url, login = up.nats_url(), up.nats_login()
 
     async def main() -> str:
-        out = [json.dumps(await streams_now(nats_url))]
-        nc = await nats.connect(nats_url.split(","))
+        out = [json.dumps(await streams_now(nats_url, login))]
+        nc = await nats.connect(nats_url.split(","), **login)
         try:
             for c in await nc.jetstream().consumers_info(CMD):
                 out.append(
@@ -204,7 +205,9 @@ def bus_and_outbox(up: KariosUp) -> str:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[KariosUp, RedfishEmulator, dict[str, str]]]:
-    emu = RedfishEmulator([fake_system(f"cl{i}") for i in range(HOSTS)]).start()
+    # The emulated BMCs read the head of their medium at InsertMedia, as a real BMC does (sushy-tools
+    # would download all 54 MB of each of 100 media through one process: minutes on 2 cores).
+    emu = RedfishEmulator([fake_system(f"cl{i}") for i in range(HOSTS)], prelude=LAZY_MEDIA_FETCH).start()
     try:
         with state_dir("karios-cluster-") as root:
             inv = write_inventory(root / "inventory.yaml", BMCS)
@@ -243,9 +246,16 @@ def cluster() -> Iterator[tuple[KariosUp, RedfishEmulator, dict[str, str]]]:
 @pytest.mark.timeout(480)  # includes starting the cluster (~100 s on a loaded 2-core machine)
 def test_streams_are_r3_and_every_service_has_two_ready_replicas(cluster):
     up, _emu, urls = cluster
-    nats_url = up.text().split("NATS      ", 1)[1].split()[0]
+    nats_url = up.nats_url()
     assert len(nats_url.split(",")) == 3
-    state = stream_state(nats_url)
+    # Routes and clients log in (issue 24 S5): each node's login is in its config file, not on
+    # its command line (`ps`), and the ready line's URLs hold none.
+    creds = json.loads((up.state / "nats-credentials.json").read_text())
+    servers = [cmd for _p, cmd, _env in children(up) if "nats-server" in cmd[0]]
+    assert len(servers) == 3 and all("-c" in cmd and "--routes" not in cmd for cmd in servers), servers
+    shown = " ".join([nats_url, *(" ".join(cmd) for cmd in servers)])
+    assert creds["password"] not in shown and creds["route_password"] not in shown and "@" not in nats_url
+    state = stream_state(up)
     assert state[CMD]["replicas"] == 3 and state[EVT]["replicas"] == 3
     assert set(urls) == {*PORT_VARS, *(f"{s}-2" for s in PORT_VARS)}
     for name, url in urls.items():
@@ -254,7 +264,7 @@ def test_streams_are_r3_and_every_service_has_two_ready_replicas(cluster):
     async def scale_up() -> list[int]:
         # An existing R1 stream (a single-server deployment moved to the cluster) is scaled to R3
         # at the next start: the same reconciliation every service runs.
-        nc = await nats.connect(nats_url.split(","))
+        nc = await nats.connect(nats_url.split(","), **up.nats_login())
         try:
             js, subjects = nc.jetstream(), Subjects("scale")
             await ensure_streams(js, subjects, replicas=1)
@@ -274,9 +284,9 @@ def test_streams_are_r3_and_every_service_has_two_ready_replicas(cluster):
 @pytest.mark.timeout(480)
 def test_nothing_is_lost_when_a_nats_node_and_a_replica_of_each_service_die(cluster):
     up, emu, urls = cluster
-    token, nats_url = up.token, up.text().split("NATS      ", 1)[1].split()[0]
+    token = up.token
     gateways = [urls["api-gateway"], urls["api-gateway-2"]]
-    start_seq = int(stream_state(nats_url)[EVT]["last_seq"])
+    start_seq = int(stream_state(up)[EVT]["last_seq"])
     log_mark = len(emu.log())
     sse = SSEFollower(gateways, token, start_seq)
     reader = threading.Thread(target=sse.run, daemon=True)
@@ -290,7 +300,7 @@ def test_nothing_is_lost_when_a_nats_node_and_a_replica_of_each_service_die(clus
         # The faults, while the first half is under way (the SSE client has events to resume
         # from): the command stream's leader node …
         wait_until_sync(lambda: sse.last_id > start_seq, timeout=60, what="a first event over SSE")
-        leader = str(stream_state(nats_url)[CMD]["leader"])
+        leader = str(stream_state(up)[CMD]["leader"])
         killed = nats_node(up, leader)
         assert killed is not None, leader
         if "nats" in FAULTS:
@@ -347,7 +357,7 @@ def test_nothing_is_lost_when_a_nats_node_and_a_replica_of_each_service_die(clus
 
     # The SSE client saw every event of the stream since it connected, exactly once, in order,
     # across its reconnects to the other gateway replica.
-    end_seq = int(stream_state(nats_url)[EVT]["last_seq"])
+    end_seq = int(stream_state(up)[EVT]["last_seq"])
     wait_until_sync(lambda: sse.last_id >= end_seq, timeout=60, what="the SSE client to catch up")
     sse.stop.set()
     got = [i for i in sse.ids if i <= end_seq]

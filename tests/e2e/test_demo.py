@@ -5,7 +5,12 @@
 a route reflector, adopts the nodes and stores a fabric configuration; `karios fabric apply --yes
 --watch` against the demo's context exits 0 and the route reflector sees all three nodes'
 EVPN sessions Established; SIGTERM removes every namespace, link and process it created. Without
-root it refuses in one line (exit 2)."""
+root it refuses in one line (exit 2).
+
+`karios demo --vm` (root): from a clean state directory, the README's commands as a user runs them:
+the demo, then the `karios provision … --watch` it prints, in another process: the watch shows
+every install stage in order and `completed`, the job's events say the same through the API, the
+serial log the demo named has the installed system's login prompt, and SIGTERM leaves no qemu."""
 
 from __future__ import annotations
 
@@ -41,13 +46,14 @@ CI = os.environ.get("CI", "").lower() == "true"
 
 
 class DemoRun:
-    def __init__(self, root: Path, *extra: str) -> None:
+    def __init__(self, root: Path, *extra: str, env_extra: dict[str, str] | None = None) -> None:
         self.root = root
         self.ports = {name: free_port() for name in PORT_VARS}
         env = {k: v for k, v in os.environ.items() if not k.startswith("KARIOS_")}
         env |= {f"KARIOS_{var}_PORT": str(self.ports[n]) for n, var in PORT_VARS.items()}
         env |= {"KARIOS_STATE_DIR": str(root / "state"), "KARIOS_CONFIG": str(root / "client.json")}
         env["COLUMNS"] = "160"
+        env |= env_extra or {}
         self.env = env
         self.proc = subprocess.Popen(
             [*KARIOS, "demo", "--timeout", "150", "--sushy-emulator", find_sushy_emulator(), *extra],
@@ -94,8 +100,8 @@ class DemoRun:
             self.proc.kill()
             raise
 
-    def emulator_log(self) -> str:
-        return (self.root / "state" / "demo" / "demo-bmcs" / "emulator.log").read_text(errors="replace")
+    def emulator_log(self, state: str = "demo") -> str:
+        return (self.root / "state" / state / "demo-bmcs" / "emulator.log").read_text(errors="replace")
 
 
 def _mine(root: Path) -> list[psutil.Process]:
@@ -114,6 +120,14 @@ def _alive(pids: set[int]) -> list[psutil.Process]:
         with contextlib.suppress(psutil.NoSuchProcess):
             found.append(psutil.Process(pid))
     return found
+
+
+def _cmdline(p: psutil.Process) -> str:
+    """A live process's command line ("" once it has ended)."""
+    with contextlib.suppress(psutil.Error):
+        if p.status() != psutil.STATUS_ZOMBIE:
+            return " ".join(p.cmdline())
+    return ""
 
 
 def _running(p: psutil.Process) -> bool:
@@ -281,6 +295,230 @@ def test_demo_fabric_without_root_is_one_line_and_exit_2():
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip().splitlines() == [
         "karios demo --fabric: needs root (it creates network namespaces, veths and a bridge); "
+        "run it with sudo"
+    ], r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+# -- karios demo --vm ------------------------------------------------------------------------
+
+
+def _vm_skip_reason() -> str | None:
+    from karios.cli.demo.vm import vm_unavailable
+    from tests.fixtures.installs import install_tools_missing
+
+    missing = install_tools_missing()
+    return vm_unavailable() or (f"needs {', '.join(missing)}" if missing else None)
+
+
+def _job_events(gw: str, token: str, job_id: str) -> list[tuple[str, dict]]:
+    """The job's events from the start of the stream (``Last-Event-ID: 0``) up to its end."""
+    found: list[tuple[str, dict]] = []
+    headers = {"Authorization": f"Bearer {token}", "Last-Event-ID": "0"}
+    timeout = httpx.Timeout(10, read=30)
+    with httpx.stream(
+        "GET", f"{gw}/controlnode/events?channel=job:{job_id}", headers=headers, timeout=timeout
+    ) as r:
+        assert r.status_code == 200, r.read()
+        name = ""
+        for line in r.iter_lines():
+            if line.startswith("event:"):
+                name = line.partition(":")[2].strip()
+            elif line.startswith("data:"):
+                found.append((name, json.loads(line.partition(":")[2])["data"]))
+                if name in ("job_completed", "job_failed", "job_cancelled"):
+                    return found
+    return found
+
+
+@pytest.mark.vm(chain="debian-installer")  # the shorter chain: ~12 min warm beside the image chain's ~16
+@pytest.mark.timeout(2700)  # the image install under TCG: 6-10 min quiet, more under load
+def test_demo_vm_installs_a_real_vm_to_first_boot_and_stops_clean():
+    reason = _vm_skip_reason()
+    if reason:
+        if CI:
+            pytest.fail(f"karios demo --vm needs root and qemu in CI: {reason}", pytrace=False)
+        pytest.skip(f"karios demo --vm: {reason}")
+    from karios.provisioner.install import INSTALL_STAGES
+    from tests.fixtures.installs import cached_live_images
+
+    # The images the lab caches (built once per machine, as the demo's own cache would be).
+    images = cached_live_images()
+    with state_dir("karios-demo-vm-") as root:
+        demo = DemoRun(root, "--vm", env_extra={"KARIOS_PROVISIONER_IMAGES_DIR": str(images.images_dir)})
+        pids: set[int] = set()
+        try:
+            t0 = time.monotonic()
+            demo.wait_for("--method image --hostname demo-vm --watch", timeout=600)
+            started = time.monotonic() - t0
+            out = demo.text()
+            serial = re.search(r"serial console: tail -f (\S+)", out)
+            assert serial, out
+            serial_log = Path(serial.group(1))
+            assert serial_log == root / "state" / "demo-vm" / "vm" / "serial.log", out
+            # The command the demo prints, run as printed (in another process, as a second terminal).
+            command = next(ln.strip() for ln in out.splitlines() if "--method image --hostname demo-vm" in ln)
+            argv = command.split()
+            assert argv[:3] == ["karios", "provision", DEMO_BMC], command
+            pids = {p.pid for p in psutil.Process(demo.proc.pid).children(recursive=True)}
+
+            t1 = time.monotonic()
+            r = demo.karios(*argv[1:], timeout=2400)
+            installed = time.monotonic() - t1
+            watch = r.stdout
+            (root.parent / "karios-demo-vm-watch.txt").write_text(watch + r.stderr)
+            tail = serial_log.read_text(errors="replace")[-3000:]
+            assert r.returncode == 0, f"{watch}{r.stderr}\n--- serial log ends:\n{tail}"
+            assert "Traceback" not in watch + r.stderr
+            # Every install stage, in order, then the first boot and completed.
+            labels = [s.label for s in INSTALL_STAGES]
+            at = [watch.find(label) for label in labels]
+            assert -1 not in at and at == sorted(at), watch
+            states = ["booting", "installing", "first_boot", "completed"]
+            first = [watch.find(f" {state} ") for state in states]
+            assert -1 not in first and first == sorted(first), watch
+            assert first[-1] > at[-1], watch
+
+            # The job's events through the API: the same stages, then the first boot and the end.
+            job_id = re.search(r"job (\S+) accepted for " + re.escape(DEMO_BMC), watch)
+            assert job_id, watch
+            token = (root / "state" / "demo-vm" / "admin.token").read_text().strip()
+            gw = f"http://127.0.0.1:{demo.ports['api-gateway']}"
+            events = _job_events(gw, token, job_id.group(1))
+            names = [n for n, _ in events]
+            steps = [d.get("message", "") for n, d in events if n == "job_step"]
+            assert [next((lbl for lbl in labels if m.startswith(lbl)), m) for m in steps] == labels, steps
+            assert names.index("job_booting") < names.index("job_step") < names.index("job_first_boot"), names
+            assert names[-1] == "job_completed", names
+            done = httpx.get(
+                f"{gw}/controlnode/job/{job_id.group(1)}", headers={"Authorization": f"Bearer {token}"}
+            )
+            assert done.json()["node_ip"] == "10.0.2.15", done.text
+
+            # The serial console the demo named shows the installed system's login prompt.
+            wait_until_sync(
+                lambda: "demo-vm login:" in serial_log.read_text(errors="replace"),
+                timeout=300,
+                interval=1,
+                what="the installed system's login prompt on the serial log",
+            )
+            # The medium went into the VM's BMC and the reset booted it.
+            emu = SimpleNamespace(log=lambda: demo.emulator_log("demo-vm"))
+            system_id = re.search(rf"BMC {re.escape(DEMO_BMC)}\s+demo-1\s+Redfish system (\S+)", out)
+            assert system_id, out
+            assert bmc_posts(emu, system_id.group(1), "Actions/VirtualMedia.InsertMedia") == 1
+            tree = psutil.Process(demo.proc.pid).children(recursive=True)
+            pids |= {p.pid for p in tree}
+            qemu = [cmd for cmd in map(_cmdline, tree) if cmd.startswith("qemu-system-x86_64 ")]
+            assert len(qemu) == 1 and str(serial_log) in qemu[0], qemu  # the emulator's child
+            print(f"demo --vm ready in {started:.1f}s; provision --watch to completed in {installed:.1f}s")
+        finally:
+            rc = demo.stop()
+        assert rc == 0, demo.text()[-3000:]
+        assert "karios: stopped" in demo.text()
+        # Nothing left behind: no qemu, services, emulator or embedded server.
+        assert not [p for p in _alive(pids) + _mine(root) if _running(p)]
+
+
+RECORDER = """
+import json, sys, time
+with open(sys.argv[1], "a") as f:
+    f.write(json.dumps(sys.argv[2:]) + "\\n")
+time.sleep(300)
+"""
+
+
+def test_demo_vm_bmc_boots_the_inserted_medium_in_its_vm(tmp_path: Path):
+    """The emulator `karios demo --vm` runs (real sushy-tools, the launcher's power patch), with a
+    recorder in place of qemu: InsertMedia downloads the medium, the boot override and a power-on
+    start the VM's command with that file as CD booted once; ForceOff stops it; the plain fake
+    system beside it keeps the fake driver; stopping the emulator stops the VM. Seconds, no qemu."""
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from karios.cli.demo.bmc import DemoBmcs
+    from karios.cli.demo.vm import DemoVm, qemu_spec
+
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "job-1.iso").write_bytes(b"ISO" * 1000)
+    handler = type("Quiet", (SimpleHTTPRequestHandler,), {"log_message": lambda *a: None})
+    media = ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(tmp_path / "www")))
+    threading.Thread(target=media.serve_forever, daemon=True).start()
+    (tmp_path / "recorder.py").write_text(RECORDER)
+    started = tmp_path / "started.jsonl"
+    bmcs = DemoBmcs(
+        tmp_path / "bmcs", count=2, executable=find_sushy_emulator(), vm_spec=tmp_path / "vms.json"
+    )
+    bmcs.start()
+    try:
+        vm_system, fake_system = (str(s["uuid"]) for s in bmcs.systems)
+        vm = DemoVm(vm_system, "52:54:00:00:00:01", tmp_path / "vm")
+        vm.workdir.mkdir()
+        spec = qemu_spec(vm)
+        spec["argv"] = [sys.executable, str(tmp_path / "recorder.py"), str(started), *spec["argv"][1:]]  # type: ignore[index]
+        (tmp_path / "vms.json").write_text(json.dumps({vm_system: spec}))
+        auth = (bmcs.username, bmcs.password) if bmcs.auth else None
+        with httpx.Client(base_url=bmcs.url, auth=auth, timeout=30) as bmc:
+
+            def system(uuid: str) -> dict:
+                return bmc.get(f"/redfish/v1/Systems/{uuid}").json()
+
+            def reset(uuid: str, kind: str) -> None:
+                r = bmc.post(
+                    f"/redfish/v1/Systems/{uuid}/Actions/ComputerSystem.Reset", json={"ResetType": kind}
+                )
+                assert r.status_code < 300, r.text
+
+            for uuid in (vm_system, fake_system):
+                r = bmc.post(
+                    f"/redfish/v1/Systems/{uuid}/VirtualMedia/Cd/Actions/VirtualMedia.InsertMedia",
+                    json={"Image": f"http://127.0.0.1:{media.server_address[1]}/job-1.iso"},
+                )
+                assert r.status_code < 300, r.text
+                r = bmc.patch(
+                    f"/redfish/v1/Systems/{uuid}",
+                    json={"Boot": {"BootSourceOverrideTarget": "Cd", "BootSourceOverrideEnabled": "Once"}},
+                )
+                assert r.status_code < 300, r.text
+                reset(uuid, "On")
+            assert system(vm_system)["PowerState"] == "On"
+            wait_until_sync(started.exists, timeout=10, what="the VM's command to start")
+            argv = json.loads(started.read_text().splitlines()[0])
+            cd = next(a for a in argv if "media=cdrom" in a)
+            iso = Path(cd.removeprefix("file=").split(",media=")[0])
+            assert iso.is_relative_to(tmp_path / "bmcs" / "vmedia") and iso.read_bytes() == b"ISO" * 1000
+            assert argv[argv.index(cd) + 1 :] == ["-boot", "once=d"], argv
+            assert "mac=52:54:00:00:00:01" in " ".join(argv)
+            recorder = [p for p in psutil.Process(bmcs.proc.pid).children() if str(started) in _cmdline(p)]
+            assert len(recorder) == 1, "one VM process, the emulator's child"
+
+            reset(vm_system, "ForceOff")
+            assert system(vm_system)["PowerState"] == "Off"
+            assert not _running(recorder[0])
+            reset(vm_system, "On")  # on again: a new process
+            wait_until_sync(
+                lambda: len(started.read_text().splitlines()) == 2, timeout=10, what="a second start"
+            )
+            assert len(started.read_text().splitlines()) == 2  # the fake system never started one
+            again = [p for p in psutil.Process(bmcs.proc.pid).children() if str(started) in _cmdline(p)]
+    finally:
+        bmcs.stop()
+        media.shutdown()
+    assert again and not _running(again[0])  # the VM stops with the emulator
+
+
+def test_demo_vm_without_root_is_one_line_and_exit_2():
+    """As a user who is not root (here: `nobody` through setpriv when the test runs as root)."""
+    argv = [*KARIOS, "demo", "--vm"]
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("running as root and no setpriv to drop to an unprivileged user")
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", *argv]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KARIOS_")}
+    env |= {"KARIOS_STATE_DIR": "/nonexistent/karios-state", "HOME": "/nonexistent"}
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "karios demo --vm: needs root (it builds the install image with mmdebstrap and chroot); "
         "run it with sudo"
     ], r.stderr
     assert "Traceback" not in r.stdout + r.stderr

@@ -14,6 +14,13 @@ Two nodes are registered on 127.0.3.x and a valid fabric config is stored first,
 apply/plan/drift get past "nothing to do". Fuzzed registrations, jobs and the fabric config are
 removed afterwards (the session's database is shared). bootapi: ``test_fuzz_bootapi.py``.
 ``test_fuzz_counts_failures`` proves the runner reports what it finds.
+
+``test_fuzz_gateway_stateful_sequences`` (issue 24 item 8) runs schemathesis' stateful phase on
+the same system: it follows the OpenAPI links of the gateway's document (``api_gateway.linkdoc``)
+to fuzz sequences — provision → the job → its callbacks → cancel, register → provision/inspect,
+token → revoke, discovery report → adopt, fabric config → plan/preflight/apply → the apply's job —
+for a fixed time, with the same checks. The callbacks get the token their boot medium would carry
+from a test-only token source (``tests/fixtures/fuzz_hooks.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from karios.api_gateway.app import create_app as gateway_app
+from karios.api_gateway.linkdoc import LINKS
 from karios.common.contracts.inventory import RegisterNode
 from karios.common.contracts.nodes import AdoptNode
 from karios.common.crypto import SecretBox
@@ -40,7 +48,7 @@ from karios.provisioner.app import create_app as provisioner_app
 from karios.provisioner.config import ProvisionerConfig
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.fabric import BASE
-from tests.fixtures.fuzz import OPENAPI, Confinement, EveryBmcIs, run_schemathesis
+from tests.fixtures.fuzz import HOOKS, OPENAPI, Confinement, EveryBmcIs, run_schemathesis, token_source
 from tests.fixtures.provision import STACK_BMCS, retire_leftover_jobs, write_inventory
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
 
@@ -56,6 +64,8 @@ OWN_TOKEN = (
     ("POST", "/controlnode/tokens/{name}/rotate"),
 )
 NODES = {STACK_BMCS[0]: "127.0.3.21", STACK_BMCS[1]: "127.0.3.22"}
+# The stateful phase's budget: scenarios repeat until it is spent (a longer run: set it higher).
+STATEFUL_SECONDS = int(os.environ.get("KARIOS_FUZZ_STATEFUL_SECONDS", "35"))
 
 
 @pytest.fixture
@@ -146,6 +156,35 @@ async def test_fuzz_gateway_no_server_errors_and_schema_conformant(system, tmp_p
     print("gateway fuzz:", result.summary(), f"; non-lab connections refused: {len(guard.refused)} {refused}")
     assert len(result.operations) == documented - 1, result.operations  # every operation but SSE ran
     assert result.generated > 1000, result.text[-3000:]
+    async with httpx.AsyncClient(base_url=url, headers=ADMIN) as c:  # the run kept its credentials
+        assert (await c.get("/controlnode/tokens/self")).status_code == 200
+    assert (result.server_errors, result.schema_failures) == (0, 0), result.text[-20000:]
+    assert result.returncode == 0, result.text[-20000:]
+
+
+@pytest.mark.timeout(600)
+async def test_fuzz_gateway_stateful_sequences(system, settings, serve, tmp_path):
+    url, guard = system
+    tokens = await serve(token_source(settings))
+    async with httpx.AsyncClient(base_url=url, headers=ADMIN, timeout=30) as c:
+        doc = (await c.get("/openapi.json")).json()  # the running gateway's document, its links
+    schema = tmp_path / "gateway.json"
+    schema.write_text(json.dumps(doc))
+    result = await run_schemathesis(
+        schema,
+        url,
+        tmp_path,
+        headers=ADMIN,
+        exclude=EXCLUDE,
+        unlearned=OWN_TOKEN,
+        phases="stateful",
+        max_time=STATEFUL_SECONDS,
+        timeout=STATEFUL_SECONDS + 240,
+        env={"SCHEMATHESIS_HOOKS": str(HOOKS), "KARIOS_FUZZ_TOKEN_SOURCE": tokens.url},
+    )
+    print(f"gateway stateful fuzz: {result.summary()}; non-lab connections refused: {len(guard.refused)}")
+    assert result.links_total == len(LINKS), result.text[-3000:]  # every documented link, none inferred
+    assert result.links_covered > 0, result.text[-3000:]
     async with httpx.AsyncClient(base_url=url, headers=ADMIN) as c:  # the run kept its credentials
         assert (await c.get("/controlnode/tokens/self")).status_code == 200
     assert (result.server_errors, result.schema_failures) == (0, 0), result.text[-20000:]

@@ -55,8 +55,14 @@ class Replicas:
 
 
 def answer(r: httpx.Response) -> tuple[int, bytes, dict[str, str]]:
-    """What a client sees: status, body bytes and headers (``date`` differs by the second)."""
-    return r.status_code, r.content, {k: v for k, v in r.headers.items() if k != "date"}
+    """What a client sees: status, body bytes and headers (``date`` differs by the second, the
+    correlation id per request: each answer names one)."""
+    assert r.headers.get("x-correlation-id")
+    return (
+        r.status_code,
+        r.content,
+        {k: v for k, v in r.headers.items() if k not in ("date", "x-correlation-id")},
+    )
 
 
 @pytest.fixture

@@ -114,11 +114,7 @@ def wait_until_listening(ip: str, port: int) -> None:
 
 @pytest.fixture(scope="module")
 def lab():
-    reason = fabric_lab.skip_reason()
-    if reason:
-        if CI:
-            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
-        pytest.skip(reason)
+    fabric_lab.require_lab()
     with fabric_lab.FabricLab(n_nodes=3, prefix="kn") as lab:
         yield lab
 

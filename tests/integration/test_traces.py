@@ -17,6 +17,7 @@ from tests.fixtures.workload import BMCS, new_traceparent, provision_env, provis
 pytestmark = [pytest.mark.integration, pytest.mark.lab]
 
 GATEWAY, PROVISIONER, INVENTORY = "karios-api-gateway", "karios-provisioner", "karios-inventory"
+CORRELATION = "traces-test-action-1"
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def test_a_provision_is_one_trace_from_the_gateway_to_the_redfish_calls(emulator
         try:
             up.wait_started()
             trace_id, traceparent = new_traceparent()
-            job = provision_once(up, state / "media", BMCS[0], traceparent)
+            job = provision_once(up, state / "media", BMCS[0], traceparent, correlationid=CORRELATION)
 
             def received() -> list[Span] | None:
                 # Spans arrive in batches as each ends: wait for the last ones of each trace (the
@@ -122,3 +123,26 @@ def test_a_provision_is_one_trace_from_the_gateway_to_the_redfish_calls(emulator
         own = {s.span_id: s for s in spans if s.trace_id == cb.trace_id}
         up_chain = ancestors(cb, own)
         assert up_chain and up_chain[-1].service == GATEWAY and up_chain[-1].kind == "SERVER", up_chain
+
+    # Names stay bounded (OpenTelemetry conventions): Redfish calls by route template, no reply
+    # inbox in any name; one CONSUMER span per delivery; a healthy provision has no error span.
+    assert not [s.name for s in spans if "_INBOX" in s.name]
+    system = [s for s in redfish if s.attributes["url.path"].startswith("/redfish/v1/Systems/")]
+    assert system and all(
+        s.name == f"{s.attributes['http.request.method']} {s.attributes['url.template']}" for s in redfish
+    )
+    assert all("{id}" in s.name for s in system), [s.name for s in system]
+    deliveries: dict[tuple[str, str], int] = {}
+    for s in tree:
+        mid = s.attributes.get("messaging.message.id")
+        if s.kind == "CONSUMER" and mid and not s.name.startswith("deliver "):
+            deliveries[(s.service, str(mid))] = deliveries.get((s.service, str(mid)), 0) + 1
+    assert deliveries and max(deliveries.values()) == 1, deliveries
+    assert not [(s.service, s.name) for s in tree if s.status == "ERROR"]
+
+    # correlationid: the user's action (its X-Correlation-Id) is on every message it caused.
+    sent = [s for s in tree if s.kind == "PRODUCER" and s.name.startswith("send ")]
+    assert {"karios.cmd.provision.start"} <= {s.attributes["messaging.destination.name"] for s in sent}
+    assert {s.attributes.get("messaging.message.conversation_id") for s in sent} == {CORRELATION}, [
+        (s.name, s.attributes.get("messaging.message.conversation_id")) for s in sent
+    ]

@@ -36,3 +36,16 @@ _destroy_netns = netns.destroy_netns
 _list_netns = netns.list_netns
 _netns_pids = netns.netns_pids
 _read_pid = host.read_pid
+
+
+def require_lab() -> None:
+    """In a test: skip when this machine cannot run the lab (not root, no netns…), but fail
+    under CI (``CI=true``), where the lab is a requirement and a skip would hide its tests."""
+    reason = skip_reason()
+    if not reason:
+        return
+    import pytest  # only tests call this; the self-test and benchmarks run without pytest
+
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
+    pytest.skip(reason)

@@ -169,12 +169,106 @@ def _handshake_in_request_thread(self, sock, server_side=False, do_handshake_on_
 
 ssl.SSLContext.wrap_socket = _handshake_in_request_thread
 """
+# The fake driver reports no processors, memory size, CPU count or BIOS version (sushy-tools 2.2.0
+# leaves them NotSupported): with this prelude it reports the ones a fake system lists under
+# "processors" (dicts with id/Id, socket, vendor, model, cores, threads), "total_memory_gb",
+# "total_cpus" and "bios_version", and keeps the BIOS version UpdateService.SimpleUpdate sets (its
+# own code bumps the minor number and answers 204 + Location of its one static Task, "Completed").
+# Storage and drives need no patch (SUSHY_EMULATOR_STORAGE/DRIVES).
+FAKE_HARDWARE = """\
+from sushy_tools import error as _error
+from sushy_tools.emulator.resources.systems import fakedriver as _fd
+
+def _reported(key, wrap=None):
+    def get(self, identity):
+        value = self._get(identity).get(key)
+        if value is None:
+            raise _error.NotSupportedError(f"fake system has no {key}")
+        return wrap(value) if wrap else value
+    return get
+
+_fd.FakeDriver.get_processors = _reported("processors")
+_fd.FakeDriver.get_total_memory = _reported("total_memory_gb")
+_fd.FakeDriver.get_total_cpus = _reported("total_cpus")
+_fd.FakeDriver.get_versions = _reported("bios_version", lambda v: {"BiosVersion": v})
+
+
+def _set_versions(self, identity, firmware_versions):
+    # What the libvirt driver stores (sushy-tools 2.2.0's fake driver leaves it NotSupported, so
+    # its UpdateService.SimpleUpdate answered 500): the BIOS version its SimpleUpdate computed.
+    self._update(identity, bios_version=firmware_versions["BiosVersion"])
+
+
+_fd.FakeDriver.set_versions = _set_versions
+"""
+# sushy-tools' InsertMedia downloads the whole image into the emulator (with no timeout) before it
+# answers: 100 emulated BMCs fetching a 54 MB medium each is 5.4 GB through one Python process,
+# which on a loaded 2-core machine answers InsertMedia after the client's timeout (a retry starts
+# another download beside the first). A real BMC checks the image answers and reads the rest
+# when the host boots from it. With this prelude the emulator does that: it fetches the first
+# 64 KiB (the signed URL is checked and the medium served as usual, a 4xx/5xx still fails the
+# insert) with a 30 s timeout, and stops.
+LAZY_MEDIA_FETCH = """\
+import requests as _requests
+from sushy_tools.emulator.resources import vmedia as _vmedia
+
+class _Requests:
+    def __getattr__(self, name):
+        return getattr(_requests, name)
+
+    @staticmethod
+    def get(*args, **kwargs):
+        kwargs.setdefault("timeout", 30)
+        return _requests.get(*args, **kwargs)
+
+_write_whole = _vmedia._write_from_response
+
+def _write_head(image_url, rsp, tmp_file):
+    class _Head:
+        headers = rsp.headers
+
+        @staticmethod
+        def iter_content(chunk_size=8192):
+            got = 0
+            for chunk in rsp.iter_content(chunk_size=chunk_size):
+                yield chunk
+                got += len(chunk)
+                if got >= 65536:
+                    return
+
+    return _write_whole(image_url, _Head, tmp_file)
+
+_vmedia.requests = _Requests()
+_vmedia._write_from_response = _write_head
+"""
 _RUN = """\
 import sys
 from sushy_tools.emulator.main import main
 sys.argv[0] = "sushy-emulator"
 sys.exit(main())
 """
+
+
+def emulator_with_two_drives(
+    systems: list[dict], owner: dict, disk_bytes: int, **controller: object
+) -> RedfishEmulator:
+    """An emulator (FAKE_HARDWARE prelude) whose ``owner`` system has one storage controller with
+    two drives, D1 (SAS) and D2 (SATA), of ``disk_bytes`` each; ``controller`` adds properties to
+    the storage resource (e.g. ``StorageControllers``). Started; the caller stops it."""
+    storage = {
+        owner["uuid"]: [{"Id": "1", "Name": "Local Storage Controller", **controller, "Drives": ["D1", "D2"]}]
+    }
+    drives = {
+        (owner["uuid"], "1"): [
+            {"Id": "D1", "Name": "Drive 1", "CapacityBytes": disk_bytes, "Protocol": "SAS"},
+            {"Id": "D2", "Name": "Drive 2", "CapacityBytes": disk_bytes, "Protocol": "SATA"},
+        ]
+    }
+    return RedfishEmulator(
+        systems,
+        prelude=FAKE_HARDWARE,
+        extra_config={"SUSHY_EMULATOR_STORAGE": storage, "SUSHY_EMULATOR_DRIVES": drives},
+    ).start()
 
 
 def fake_system(
@@ -218,7 +312,8 @@ class RedfishEmulator:
     ``instant_power``: power changes apply at the next GET instead of after 1-11 s.
     ``ssl_cert``/``ssl_key``: PEM files; the emulator then serves HTTPS (``url`` is https://…;
     the lab's own client does not verify it). ``port``: listen here (e.g. a restart with
-    another certificate at the same address) instead of a free port.
+    another certificate at the same address) instead of a free port. ``prelude``: Python run in
+    the emulator's process before it starts (e.g. :data:`FAKE_HARDWARE`).
     """
 
     def __init__(
@@ -236,6 +331,7 @@ class RedfishEmulator:
         ssl_cert: str | None = None,
         ssl_key: str | None = None,
         port: int = 0,
+        prelude: str = "",
     ) -> None:
         if systems is None:
             systems = [fake_system("node1"), fake_system("node2")]
@@ -252,6 +348,7 @@ class RedfishEmulator:
         self.ssl_cert, self.ssl_key = ssl_cert, ssl_key
         self.fixed_port = port
         self.port = port
+        self.prelude = prelude
         self.workdir = ""
         self.log_path = ""
         self.timings: dict[str, float] = {}
@@ -319,7 +416,7 @@ class RedfishEmulator:
                 fh.write(bcrypt_htpasswd_line(self.username, self.password, python) + "\n")
             config["SUSHY_EMULATOR_AUTH_FILE"] = auth_file
             self.timings["htpasswd"] = time.monotonic() - t
-        if self.instant_power or self.ssl_cert:
+        if self.instant_power or self.ssl_cert or self.prelude:
             if not python:
                 raise RuntimeError(f"instant_power/TLS need the python of {exe}; pass instant_power=False")
             launcher = os.path.join(self.workdir, "launch_sushy.py")
@@ -327,6 +424,7 @@ class RedfishEmulator:
                 fh.write(
                     (_NO_POWER_DELAY if self.instant_power else "")
                     + (_LAZY_TLS_HANDSHAKE if self.ssl_cert else "")
+                    + self.prelude
                     + _RUN
                 )
             argv_head = [python, launcher]

@@ -45,6 +45,9 @@ class Disk:
     size: int = 2 << 30  # bytes; the image is created (sparse) if missing
     bus: str = "virtio"  # virtio | ahci | nvme
     serial: str = ""
+    # qemu's drive discard: "unmap" (a discard punches holes: reads back zeros) or "ignore" (a
+    # discard is accepted and changes nothing, as on many real SSDs and RAID controllers)
+    discard: str = "unmap"
 
 
 @dataclass
@@ -90,7 +93,7 @@ class VM:
         if any(d.bus == "ahci" for d in self.disks):
             a += ["-device", "ahci,id=ahci"]
         for i, d in enumerate(self.disks):
-            a += ["-drive", f"file={d.path},format=raw,if=none,id=d{i},discard=unmap,cache=unsafe"]
+            a += ["-drive", f"file={d.path},format=raw,if=none,id=d{i},discard={d.discard},cache=unsafe"]
             if d.bus == "virtio":
                 a += ["-device", f"virtio-blk-pci,drive=d{i}"]
             elif d.bus == "ahci":

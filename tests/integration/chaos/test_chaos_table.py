@@ -12,13 +12,14 @@ Faults, one after another on the same system: SIGKILL of each service (``karios 
 it), NATS stopped for 30 s then restarted, PostgreSQL SIGSTOPped for 10 s. Counts are checked
 against the ground truth (the database, the emulator's own request log); lost and duplicated
 must be 0. The table is printed (``-s``) and written to ``$KARIOS_CHAOS_TABLE``
-(default ``/tmp/karios-chaos-table.md``).
+(default ``/tmp/karios-chaos-table.md``), section ``shared``; the faults that take the system
+itself down (a full disk, a taken port, a SIGKILLed ``karios up``) run on a system of their own in
+``test_chaos_restarts.py``, which writes its section of the same file.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -31,8 +32,8 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.chaos import KariosUp, PrivateNats, PrivatePostgres, http_get, state_dir
-from tests.fixtures.chaos_jobs import Bmc, FabricApply, Provisions
-from tests.fixtures.chaos_work import Api, Db, Registrations, Row, render_table
+from tests.fixtures.chaos_jobs import Bmc, FabricApply, Provisions, system_env
+from tests.fixtures.chaos_work import Api, Db, Registrations, Row, render_table, write_table_section
 from tests.fixtures.fabric import lab_config
 from tests.fixtures.provision import write_inventory
 from tests.fixtures.wait import wait_until_sync
@@ -77,22 +78,10 @@ class System:
 
 
 def _env(nats: PrivateNats, db_url: str, emu: RedfishEmulator, inventory: Path, lab) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    endpoints = {
-        ip: {"url": emu.url, "system_id": sid, "username": emu.username, "password": emu.password}
-        for ip, sid in zip(BMC_IPS, emu.system_ids, strict=True)
-    }
     env = {
+        **system_env(emu, BMC_IPS, inventory),
         "KARIOS_NATS_URL": nats.url,
         "KARIOS_DATABASE_URL": db_url,
-        "KARIOS_INVENTORY_FILE": str(inventory),
-        "KARIOS_PROVISIONER_BMC_ENDPOINTS": json.dumps(endpoints),
-        "KARIOS_PROVISIONER_INSTALL_METHOD": "preseed",  # the installer's files are read from the medium
-        "KARIOS_PROVISIONER_CACHE_DIR": "/tmp/karios-test-media-cache",  # base artifacts shared by tests
-        "KARIOS_PROVISIONER_LEASE_SECONDS": "3",
-        "KARIOS_PROVISIONER_CLAIM_INTERVAL": "0.5",
-        "KARIOS_PROVISIONER_BMC_RETRIES": "2",
-        "KARIOS_PROVISIONER_BMC_TIMEOUT": "15",  # InsertMedia makes the emulator download the ISO
-        "KARIOS_PROVISIONER_POWER_DEADLINE": "20",
         "KARIOS_FABRIC_CONNECT_TIMEOUT": "5",
         "KARIOS_FABRIC_VERIFY_TIMEOUT": "30",
         "KARIOS_FABRIC_HEARTBEAT_INTERVAL": "1",
@@ -164,7 +153,7 @@ def table(system: System) -> Iterator[tuple[list[Row], dict[str, float]]]:
     )
     if system.lab_skip:
         text += f"\nFabric apply not run: {system.lab_skip}\n"
-    TABLE.write_text(text)
+    write_table_section(TABLE, "shared", text)
     print("\n" + text)
 
 
@@ -227,6 +216,8 @@ def test_nothing_is_lost_or_duplicated_under(fault: str, system: System, table) 
     )
     recovery[fault] = _inject(s, fault)
     done = [prov.finish(), reg.finish(), *([fab.finish()] if fab is not None else [])]
+    for row in done:
+        row.recovery_s = recovery[fault]
     rows.extend(done)
     assert s.up.proc.poll() is None, "karios up stopped:\n" + s.up.text()[-3000:]
     for row in done:

@@ -18,49 +18,26 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import nats
 import pytest
 import sqlalchemy as sa
 
-import karios.api_gateway
 from karios.api_gateway.outbox import CommandOutbox, outbox_table, waiting_msg_ids
 from karios.api_gateway.readmodel import JobRow, ProvisionProjector
 from karios.common.bus.runtime import Bus
-from karios.common.contracts.provision import ProvisionSpec, StartProvision
 from karios.common.db import Database
-from karios.common.db.migrate import upgrade
 from karios.common.errors import ServiceUnavailable
+from tests.fixtures.outbox import Published, command, gateway_database
 from tests.fixtures.wait import wait_until
 
 pytestmark = pytest.mark.integration
-MIGRATIONS = Path(karios.api_gateway.__file__).parent / "migrations"
-
-
-def command(job_id: str) -> StartProvision:
-    return StartProvision(job_id=job_id, spec=ProvisionSpec(bmc_ip="10.96.0.1", vendor="dell", hostname="n1"))
-
-
-class Published:
-    """Every publish on one subject, by ``Nats-Msg-Id``, with its arrival time."""
-
-    def __init__(self) -> None:
-        self.ids: Counter[str] = Counter()
-        self.at: dict[str, float] = {}
-
-    async def cb(self, msg) -> None:  # type: ignore[no-untyped-def]
-        mid = (msg.headers or {}).get("Nats-Msg-Id", "")
-        self.ids[mid] += 1
-        self.at.setdefault(mid, time.perf_counter())
 
 
 @pytest.fixture
 async def gateway_db(settings) -> AsyncIterator[Database]:
-    await asyncio.to_thread(upgrade, MIGRATIONS, settings.database_url, "gateway")
-    db = Database(settings.database_url)
-    yield db
-    await db.close()
+    async with gateway_database(settings) as db:
+        yield db
 
 
 async def _pending(db: Database, queue: str) -> int:
@@ -118,6 +95,8 @@ async def test_two_relays_racing_publish_each_command_once(settings, gateway_db)
         dup = {j: c for j, c in seen.ids.items() if c != 1}
         assert not dup, f"published more than once: {dup}"
         assert sorted(seen.ids) == sorted(every)
+        # on_relayed runs after the mark, off the relay's path
+        await wait_until(lambda: sum(relayed.values()) >= len(every), timeout=10, what="every on_relayed")
         assert sum(relayed.values()) == len(every)
         print(f"relays racing: {len(every)} commands, each published once; split {dict(relayed)}")
     finally:
@@ -192,7 +171,7 @@ async def test_the_reconcile_never_fails_a_job_whose_command_waits_in_the_outbox
         with pytest.raises(ServiceUnavailable):  # the other one is a candidate: the provisioners are asked
             await projector.reconcile([unsent])
         before = datetime.now(UTC)
-        await projector.relayed(command(waiting))
+        await projector.relayed_many([command(waiting)])
         async with gateway_db.session() as s:
             assert (await s.get(JobRow, waiting)).updated_at >= before  # type: ignore[union-attr]
             assert (await s.get(JobRow, unsent)).updated_at < before  # type: ignore[union-attr]

@@ -179,3 +179,35 @@ async def test_bgp_underlay_gates_the_management_subnet_not_the_pool(fabric, set
     assert r.status_code == 200, r.text
     audit = await _audit(settings, seen)
     assert [(a["old_range"], a["new_range"]) for a in audit] == [("192.168.111.0/24", "192.168.110.0/23")]
+
+
+async def test_a_bgp_password_change_is_gated_like_any_switch_change(fabric, settings):
+    """The switch runs BGP (RR on the switch): setting, re-valuing and clearing the password each
+    need the ack (the switch must be told; the rendered text only holds a placeholder), naming
+    bgp_password; re-posting the same password does not."""
+    assert (await fabric.post(SWITCH_RR, OPERATOR)).status_code == 201
+    for change in (
+        {"bgp_password": "first-secret-1"},
+        {"bgp_password": "second-secret-2"},
+        {"clear_bgp_password": True},
+    ):
+        r = await fabric.post(change, OPERATOR)
+        assert r.status_code == 409, (change, r.text)
+        err = r.json()
+        assert err["field"] == "bgp_password" and err["details"]["changed_fields"] == ["bgp_password"]
+        assert "secret" not in r.text  # the snippet carries a placeholder, never the value
+        eos = next(s for s in err["details"]["snippets"] if s["nos"] == "eos")
+        ack = {
+            **change,
+            "switch_acked": True,
+            "switch_nos": "eos",
+            "switch_snippet_hash": eos["switch_snippet_hash"],
+            "acked_by": "netops",
+        }
+        assert (await fabric.post(ack, OPERATOR)).status_code == 200
+    assert (await fabric.get()).json()["bgp_password_is_set"] is False
+    assert (await fabric.post({"bgp_password": "third-secret-3"}, ADMIN)).status_code == 409
+    r = await fabric.post({"bgp_password": "third-secret-3", "skip_switch_ack": True}, ADMIN)
+    assert r.status_code == 200 and r.json()["bgp_password_is_set"] is True
+    r = await fabric.post({"bgp_password": "third-secret-3"}, OPERATOR)  # the same value again
+    assert r.status_code == 200, r.text

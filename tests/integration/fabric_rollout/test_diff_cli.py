@@ -42,11 +42,7 @@ NODE_IPS = [fabric_lab.underlay_ip(i) for i in (1, 2, 3)]
 
 @pytest.fixture(scope="module")
 def lab():
-    reason = fabric_lab.skip_reason()
-    if reason:
-        if CI:
-            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
-        pytest.skip(reason)
+    fabric_lab.require_lab()
     with fabric_lab.FabricLab(n_nodes=3, prefix="kdc") as lab:
         yield lab
 

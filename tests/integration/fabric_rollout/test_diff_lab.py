@@ -64,11 +64,7 @@ DEAD = ("198.18.5.9", "127.0.0.79")  # a registered node whose address has no ss
 
 @pytest.fixture(scope="module")
 def lab():
-    reason = fabric_lab.skip_reason()
-    if reason:
-        if CI:
-            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
-        pytest.skip(reason)
+    fabric_lab.require_lab()
     with fabric_lab.FabricLab(n_nodes=3, prefix="kdf") as lab:
         yield lab
 

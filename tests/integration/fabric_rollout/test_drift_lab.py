@@ -46,11 +46,7 @@ SHUT = "vtysh -c 'configure terminal' -c 'router bgp 65000' -c 'neighbor {peer} 
 
 @pytest.fixture(scope="module")
 def lab():
-    reason = fabric_lab.skip_reason()
-    if reason:
-        if CI:
-            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
-        pytest.skip(reason)
+    fabric_lab.require_lab()
     with fabric_lab.FabricLab(n_nodes=3, prefix="kz") as lab:
         yield lab
 

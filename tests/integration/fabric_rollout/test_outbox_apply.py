@@ -48,11 +48,7 @@ uvicorn.run(create_app(), host="127.0.0.1", port=int(sys.argv[1]), log_level="wa
 
 @pytest.fixture(scope="module")
 def lab():
-    reason = fabric_lab.skip_reason()
-    if reason:
-        if CI:
-            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
-        pytest.skip(reason)
+    fabric_lab.require_lab()
     with fabric_lab.FabricLab(n_nodes=3, prefix="kob") as lab:
         yield lab
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -41,11 +42,7 @@ OPTS = RolloutOptions(connect_timeout=5, verify_timeout=30, verify_interval=0.3)
 
 @pytest.fixture(scope="module")
 def lab():
-    reason = fabric_lab.skip_reason()
-    if reason:
-        if CI:
-            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
-        pytest.skip(reason)
+    fabric_lab.require_lab()
     with fabric_lab.FabricLab(n_nodes=3, prefix="kr", mtu_overrides={"node3": 1500}) as lab:
         yield lab
 
@@ -242,6 +239,82 @@ async def test_apply_reaches_established_with_evpn_routes_and_reapply_is_a_noop(
     assert "node_committing" not in [e.state for e in events]
     assert {n.name: sh(lab, n, "cat /run/frr/zebra.pid /run/frr/bgpd.pid") for n in lab.nodes} == pids
     assert {n.name: sh(lab, n, "stat -c %Y.%i /etc/frr/frr.conf") for n in lab.nodes} == conf
+
+
+async def test_postdeploy_overlay_checks_fail_a_node_by_name_and_pass_a_healthy_rollout(lab, intent) -> None:
+    """Issue 23 item 3: after Established every VNI must be up on the node and an IMET route in
+    from every VTEP rolled out before it; then a DF ping across VXLAN. Nodes one at a time
+    (concurrency 1: node1, node2, node3), VNIs removed by hand while the job runs:
+
+    - node1 passes (nothing rolled out before it), then loses vxlan200 (at its node_ready);
+    - node2 then misses node1's IMET route of VNI 200: failed, naming VTEP and VNI, rolled back;
+    - node3 loses vxlan100 before its verify: failed, naming the VNI, rolled back.
+
+    Then a normal apply: every node passes, later nodes with IMET routes from the earlier ones
+    and a timed DF ping at the overlay MTU over br100."""
+    reset(lab)
+    ts = targets(lab)
+    opts = RolloutOptions(connect_timeout=5, verify_timeout=30, verify_interval=0.3, settle_timeout=4)
+    events: list[RolloutEvent] = []
+
+    async def sink(e: RolloutEvent) -> None:
+        events.append(e)
+        if (e.state, e.fqdn) == ("node_ready", "node1"):
+            lab.node_exec(1, "ip link del vxlan200", check=True)
+        if (e.state, e.fqdn) == ("node_verifying", "node3"):
+            lab.node_exec(3, "ip link del vxlan100", check=True)
+
+    t0 = time.monotonic()
+    job = ApplyJob(intent, ts, vteps(intent, ts), options=opts, sink=sink, concurrency=1)
+    summary = await job.run()
+    print(f"\n[measure] apply with two nodes failing their overlay checks: {time.monotonic() - t0:.2f} s")
+    nodes = {n.fqdn: n for n in summary.nodes}
+    assert (summary.job_status, summary.completed_nodes) == ("partial", 1), summary
+    assert nodes["node1"].ok and not nodes["node1"].rolled_back
+    assert nodes["node2"].error == (
+        "node2 (198.18.0.12): VNI 200: no IMET (type-3) route from VTEP 198.19.1.1 after 4 s"
+    )
+    assert nodes["node3"].error == "node3 (198.18.0.13): VNI 100: no VXLAN device with VNI 100 after 4 s"
+    failed = {e.fqdn: e.message for e in events if e.state == "node_failed"}
+    assert failed == {"node2": nodes["node2"].error, "node3": nodes["node3"].error}
+    assert nodes["node2"].rolled_back and nodes["node3"].rolled_back
+    assert node_state(lab, 2) == EMPTY and node_state(lab, 3) == EMPTY
+    ready = {e.fqdn: e.message for e in events if e.state == "node_ready"}
+    assert ready["node1"].startswith("FRR start; 2 VNI(s) up (100, 200); no other VTEP rolled out yet after")
+
+    events.clear()
+    t0 = time.monotonic()
+
+    async def collect(e: RolloutEvent) -> None:
+        events.append(e)
+
+    summary = await ApplyJob(intent, ts, vteps(intent, ts), options=opts, sink=collect).run()
+    print(f"[measure] apply with every overlay check passing: {time.monotonic() - t0:.2f} s")
+    assert (summary.job_status, summary.completed_nodes) == ("completed", 3), summary
+    ready = {e.fqdn: e.message for e in events if e.state == "node_ready"}
+    for name, msg in sorted(ready.items()):
+        print(f"[measure] {name} node_ready: {msg}")
+        assert "2 VNI(s) up (100, 200)" in msg, (name, msg)
+    # node1 only had vxlan200 to restore: it is counted first, node2 and node3 wait for its routes.
+    assert "vxlan200" in ready["node1"], ready["node1"]
+    assert any("IMET from" in m for m in ready.values()), ready
+    pings = [m for m in ready.values() if "DF ping" in m]
+    assert pings, ready
+    for m in pings:
+        assert re.search(
+            r"DF ping (8950|1450) B over br100 to node\d .*: rtt [0-9.]+ ms, answered after", m
+        ), m
+    if "DF ping" in ready["node3"]:  # node3's underlay is 1500: its probes are at its overlay MTU
+        assert "DF ping 1450 B" in ready["node3"], ready["node3"]
+    for n in lab.nodes:  # the nodes' own view agrees
+        want = {f"198.19.1.{m.index}" for m in lab.nodes} - {f"198.19.1.{n.index}"}
+        for vni in (100, 200):
+            assert wait_until_sync(
+                lambda n=n, vni=vni, want=want: remote_vteps(lab, n, vni) == want,
+                timeout=20,
+                interval=0.3,
+                what=f"{n.name} VNI {vni}: remote VTEPs {sorted(want)}",
+            )
 
 
 async def test_postdeploy_checklist_flags_only_the_mtu_of_the_drifting_node(lab, intent) -> None:

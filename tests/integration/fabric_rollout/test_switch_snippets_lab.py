@@ -55,11 +55,7 @@ DAEMONS = ("bgpd", "ospfd", "bfdd")
 
 
 def _skip_without_lab() -> None:
-    reason = fabric_lab.skip_reason()
-    if reason:
-        if CI:
-            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
-        pytest.skip(reason)
+    fabric_lab.require_lab()
 
 
 def _load(lab: fabric_lab.FabricLab, cfg: FabricConfigFields) -> None:

@@ -40,11 +40,7 @@ OPERATOR_VTYSH = "! the operator's own vtysh.conf\nservice integrated-vtysh-conf
 
 @pytest.fixture(scope="module")
 def lab():
-    reason = fabric_lab.skip_reason()
-    if reason:
-        if CI:
-            pytest.fail(f"fabric lab required in CI: {reason}", pytrace=False)
-        pytest.skip(reason)
+    fabric_lab.require_lab()
     # The test process talks SSH to the nodes itself: it needs the root-namespace link.
     with fabric_lab.FabricLab(n_nodes=2, prefix="kt9") as lab:
         yield lab

@@ -65,7 +65,8 @@ async def fabric(settings, serve, tmp_path):
     """inventory + fabric worker + gateway; two silent nodes registered, CONFIG stored."""
     await serve(inventory_app(settings))
     worker = await serve(worker_app(settings, rollout_settings=rollout_settings(tmp_path)))
-    gw = await serve(gateway_app(settings))
+    # NEW_NODE is a loopback address (nothing listens): allowed as in a lab on one machine
+    gw = await serve(gateway_app(settings.model_copy(update={"adopt_allow_loopback": True})))
     async with SilentSsh(NODES), httpx.AsyncClient(base_url=gw.url, timeout=30, headers=ADMIN) as c:
         await forget_jobs(settings)
         for bmc, ip in zip(BMCS, NODES, strict=True):

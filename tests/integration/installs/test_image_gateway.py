@@ -23,7 +23,7 @@ import pytest
 from karios.provisioner.install import INSTALL_STAGES
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.installs import InstallStack
-from tests.fixtures.provision import wait_bmc_clean, wait_job
+from tests.fixtures.provision import bmc_medium_url, wait_bmc_clean, wait_job
 from tests.fixtures.sse import open_sse
 from tests.lab.vm import GUEST_IP, VM, Disk, free_port
 
@@ -61,7 +61,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
         t_booting = time.monotonic()
         iso = tmp_path / "medium.iso"
         async with httpx.AsyncClient(timeout=120) as p:
-            got = await p.get(f"{st.prov}/media/{job}.iso")
+            got = await p.get(bmc_medium_url(st.emu, job))  # the signed URL the BMC was given
         assert got.status_code == 200
         iso.write_bytes(got.content)
 

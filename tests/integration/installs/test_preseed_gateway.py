@@ -19,7 +19,7 @@ import pytest
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.installs import InstallStack, apt_proxy
 from tests.fixtures.preseed_vm import PROXY_IP, PROXY_PORT, netboot_missing
-from tests.fixtures.provision import wait_bmc_clean, wait_job
+from tests.fixtures.provision import bmc_medium_url, wait_bmc_clean, wait_job
 from tests.fixtures.sse import open_sse
 from tests.lab.vm import VM, Disk
 
@@ -63,7 +63,7 @@ async def test_preseed_job_fails_with_the_installers_message_and_log_tail(
         await wait_job(c, job, {"booting"}, timeout=300)
         t_booting = time.monotonic()
         async with httpx.AsyncClient(timeout=120) as p:
-            got = await p.get(f"{st.prov}/media/{job}.iso")
+            got = await p.get(bmc_medium_url(st.emu, job))  # the signed URL the BMC was given
         assert got.status_code == 200
         iso = tmp_path / "medium.iso"
         iso.write_bytes(got.content)

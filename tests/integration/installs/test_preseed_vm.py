@@ -79,17 +79,24 @@ async def _failure(vm: InstallerVM, rec: CallbackRecorder, marker: str):
     def failed():
         if not seen and marker in vm.syslog():
             seen.append(time.monotonic() - rec.t0)
-        if vm.proc and vm.proc.poll() is not None:
+        got = rec.failure()  # first: a failed install powers itself off once this is sent
+        if got is None and vm.proc and vm.proc.poll() is not None:
             raise AssertionError(f"qemu exited before a failure was reported:\n{vm.syslog_tail()}")
-        return rec.failure()
+        return got
 
     try:
         fail = await wait_until(failed, timeout=BOOT_TO_FAILURE, interval=0.5, what="a failed callback")
     except AssertionError as exc:
         detail = f"callbacks: {_timeline(rec)}\nsyslog tail:\n{vm.syslog_tail()}"
         raise AssertionError(f"{exc}\n{detail}") from None
-    if not seen:
-        await wait_until(failed, timeout=30, interval=0.5, what=f"{marker!r} in the installer syslog")
+    if not seen:  # the syslog (a file) is still read after the installer powered off
+
+        def marked() -> bool:
+            if marker in vm.syslog():
+                seen.append(time.monotonic() - rec.t0)
+            return bool(seen)
+
+        await wait_until(marked, timeout=30, interval=0.5, what=f"{marker!r} in the installer syslog")
     return fail, seen[0]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.installs import InstallStack, marked_disks, probe
-from tests.fixtures.provision import wait_bmc_clean, wait_job
+from tests.fixtures.provision import bmc_medium_url, wait_bmc_clean, wait_job
 from tests.fixtures.sse import open_sse
 from tests.lab.vm import MIB, VM, read_marker
 
@@ -36,7 +36,7 @@ async def test_unprovision_wipes_every_disk_through_the_gateway(install_stack: I
         await wait_job(c, job, {"booting"}, timeout=300)
         iso = tmp_path / "wipe.iso"
         async with httpx.AsyncClient(timeout=120) as p:
-            got = await p.get(f"{st.prov}/media/{job}.iso")
+            got = await p.get(bmc_medium_url(st.emu, job))  # the signed URL the BMC was given
         assert got.status_code == 200
         iso.write_bytes(got.content)
         vm = VM(tmp_path, iso=iso, disks=disks, guestfwd=st.guestfwd(), no_reboot=True)
@@ -64,7 +64,9 @@ async def test_unprovision_wipes_every_disk_through_the_gateway(install_stack: I
             if e.event == "job_step" and e.json()["data"].get("job_id") == job
         ]
         per_disk = [m for m in steps if "wiped 256 MiB" in m]
-        assert len(per_disk) == 3 and all(m.endswith("ends zeroed") for m in per_disk), steps
+        assert len(per_disk) == 3 and all(
+            m.endswith("read back as zeros, blkid finds nothing") for m in per_disk
+        ), steps
         await wait_bmc_clean(st.emu, st.system_id)
     for d in disks:
         assert read_marker(d.path, "first") == bytes(MIB), f"{d.bus}: first MiB not wiped"

@@ -195,6 +195,16 @@ async def test_registry_gives_ssh_and_bmc_access_as_ciphertext_only(
         bus.subjects.query("inventory", "node_access"), NodeAccessQuery(compute_only=True)
     )
     assert [n for n in compute if n["bmc_ip"] in mine] == []
+    # One node by its OS address (the fabric's per-node routes; read by key, issue 28): the same
+    # record as in the whole set; an address not in the set is a 404.
+    one = await bus.request(
+        bus.subjects.query("inventory", "node_access"), NodeAccessQuery(node_ip="10.10.0.11")
+    )
+    assert one == [n]
+    with pytest.raises(NotFound):
+        await bus.request(
+            bus.subjects.query("inventory", "node_access"), NodeAccessQuery(node_ip="10.10.0.99")
+        )
 
     access = await bus.request(
         bus.subjects.query("inventory", "bmc_access"), BmcAccessQuery(bmc_ip="10.20.0.12")

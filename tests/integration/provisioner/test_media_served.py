@@ -20,8 +20,17 @@ from karios.provisioner.install import HostContext
 from karios.provisioner.install.preseed import PreseedMethod
 from karios.provisioner.install.preseed.render import hash_password
 from karios.provisioner.media.slot import SLOT_PATH, SLOT_SIZE
+from karios.provisioner.statemachine import State
 from tests.fixtures.apps import ADMIN
-from tests.fixtures.provision import has_medium, medium_token, wait_bmc_clean, wait_job
+from tests.fixtures.provision import (
+    bmc_medium_url,
+    has_medium,
+    insert_media_job,
+    medium_token,
+    unsigned,
+    wait_bmc_clean,
+    wait_job,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.lab]
 
@@ -68,11 +77,14 @@ async def test_the_emulator_boots_each_jobs_patched_medium(stack, tmp_path):
 
         got = [downloaded(emu, j) for j in jobs]
         a, b = (g.read_bytes() for g in got)
-        async with httpx.AsyncClient(base_url=stack.prov, timeout=120) as p:
-            served = (await p.get(f"/media/{jobs[0]}.iso")).content
-            head = await p.head(f"/media/{jobs[0]}.iso")
+        urls = [bmc_medium_url(emu, j) for j in jobs]  # signed: what InsertMedia was given
+        assert [unsigned(u) for u in urls] == [f"{stack.prov}/media/{j}.iso" for j in jobs]
+        async with httpx.AsyncClient(timeout=120) as p:
+            served = (await p.get(urls[0])).content
+            head = await p.head(urls[0])
             mid = len(a) // 2
-            part = await p.get(f"/media/{jobs[0]}.iso", headers={"Range": f"bytes={mid}-{mid + 99999}"})
+            part = await p.get(urls[0], headers={"Range": f"bytes={mid}-{mid + 99999}"})
+            assert (await p.get(unsigned(urls[0]))).status_code == 403  # the URL without its signature
         assert served == a  # the emulator got exactly what the route serves
         assert int(head.headers["content-length"]) == len(a) == len(b)
         assert part.status_code == 206 and part.content == a[mid : mid + 100000]
@@ -92,7 +104,7 @@ async def test_the_emulator_boots_each_jobs_patched_medium(stack, tmp_path):
             )
             assert step.status_code == 200, step.text
         assert tokens[0] != tokens[1]
-        assert (await asyncio.to_thread(medium_token, f"{stack.prov}/media/{jobs[1]}.iso"))[0] == tokens[1]
+        assert (await asyncio.to_thread(medium_token, urls[1]))[0] == tokens[1]
         report = subprocess.run(
             ["xorriso", "-indev", str(got[0]), "-find", SLOT_PATH, "-exec", "report_lba", "--"],
             capture_output=True,
@@ -103,14 +115,20 @@ async def test_the_emulator_boots_each_jobs_patched_medium(stack, tmp_path):
         for job in jobs:
             assert (await c.post(f"/controlnode/job/{job}/cancel", headers=ADMIN)).status_code == 200
         await asyncio.gather(*[wait_job(c, j, {"cancelled"}) for j in jobs])
+    svc = stack.app.state.jobs
     async with httpx.AsyncClient(base_url=stack.prov, timeout=30) as p:
-        assert (await p.get(f"/media/{jobs[0]}.iso")).status_code == 404
-        assert (await p.head(f"/media/{jobs[1]}.iso")).status_code == 404
+        ended = await p.get(urls[0])  # signed and unexpired, but the job has ended
+        assert ended.status_code == 403 and ended.json()["code"] == "MEDIA_JOB_ENDED", ended.text
+        assert (await p.head(urls[1])).status_code == 403
         assert (await p.get("/media/..%2Fetc.iso")).status_code == 404
         legacy = stack.cfg.media_dir / "legacy-job.iso"  # written per job before slots existed
         legacy.write_bytes(b"whole old medium")
-        old = await p.get("/media/legacy-job.iso", headers={"Range": "bytes=6-8"})
+        await insert_media_job(svc, "legacy-job", "10.250.2.1")
+        old = await p.get(svc.media_url("legacy-job"), headers={"Range": "bytes=6-8"})
         assert old.status_code == 206 and old.content == b"old"
+        await svc.repo.move(
+            "legacy-job", State.cancelled, "test done", percent=None, owned=False, values={}
+        )  # no BMC behind it to clean
         legacy.unlink()
     assert not any(has_medium(stack.cfg.media_dir, j) for j in jobs)
     for sid in emu.system_ids[:2]:
@@ -135,6 +153,7 @@ async def test_fifty_media_cost_kilobytes_and_answer_at_once(stack):
     time to first byte per medium (all 50 streamed at once), full downloads of a few."""
     media = stack.app.state.jobs.media
     method = PreseedMethod()
+    svc = stack.app.state.jobs
     await asyncio.to_thread(media.build, "bench-warm", method.medium(host(999)))  # the base, once
     before = du_bytes(stack.cfg.media_dir)
     builds = []
@@ -142,11 +161,13 @@ async def test_fifty_media_cost_kilobytes_and_answer_at_once(stack):
         t = time.perf_counter()
         await media.build_async(f"bench-{n:03d}", method.medium(host(n)))
         builds.append(time.perf_counter() - t)
+        await insert_media_job(svc, f"bench-{n:03d}", host(n).bmc_ip)  # served by its signed URL
+    urls = [svc.media_url(f"bench-{n:03d}") for n in range(50)]
     grown = du_bytes(stack.cfg.media_dir) - before
 
     async def first_byte(p: httpx.AsyncClient, n: int, full: bool) -> tuple[float, int]:
         t = time.perf_counter()
-        async with p.stream("GET", f"/media/bench-{n:03d}.iso") as r:
+        async with p.stream("GET", urls[n]) as r:
             assert r.status_code == 200
             size, ttfb = 0, None
             async for chunk in r.aiter_raw():
@@ -161,11 +182,14 @@ async def test_fifty_media_cost_kilobytes_and_answer_at_once(stack):
         t0 = time.perf_counter()
         res = await asyncio.gather(*[first_byte(p, n, full=n < 3) for n in range(50)])
         wall = time.perf_counter() - t0
-        expect = int((await p.head("/media/bench-000.iso")).headers["content-length"])
+        expect = int((await p.head(urls[0])).headers["content-length"])
         one_by_one = sorted([(await first_byte(p, n, full=False))[0] for n in range(50)])
     ttfbs = sorted(r[0] for r in res)
     assert all(r[1] == expect for r in res[:3])  # full downloads: the whole medium
     for n in range(50):
+        await svc.repo.move(
+            f"bench-{n:03d}", State.cancelled, "measured", percent=None, owned=False, values={}
+        )  # no BMC behind it to clean
         media.remove(f"bench-{n:03d}")
     media.remove("bench-warm")
     print(

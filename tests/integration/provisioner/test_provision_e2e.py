@@ -82,7 +82,8 @@ async def test_five_hosts_provision_end_to_end(stack):
         for job_id, sid in zip(jobs, emu.system_ids, strict=True):
             # The emulator downloaded the medium (InsertMedia fails otherwise), boots from CD, is powered on.
             _, vm = emu.request("GET", f"/redfish/v1/Systems/{sid}/VirtualMedia/Cd")
-            assert vm["Image"].endswith(f"/media/{job_id}.iso") and vm["Inserted"] is True
+            assert vm["Image"].split("?")[0].endswith(f"/media/{job_id}.iso") and vm["Inserted"] is True
+            assert "expires=" in vm["Image"] and "signature=" in vm["Image"]  # the signed URL (S2)
             _, system = emu.request("GET", f"/redfish/v1/Systems/{sid}")
             assert system["Boot"]["BootSourceOverrideTarget"] == "Cd"
             assert system["PowerState"] == "On"

@@ -4,18 +4,21 @@ from ``/media`` and 400 from ``/images`` are ignored (200, the whole file); past
 with ``Content-Range: bytes */size``.
 
 The medium here is a per-job ISO file (``MediaBuilder.legacy_iso``), served by the same response
-function as a slot-patched medium; ``test_media_served.py`` covers the patched one.
+function as a slot-patched medium; ``test_media_served.py`` covers the patched one. It is fetched
+by its signed URL (a job in ``booting``), as a BMC does (``test_media_signed.py``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from karios.provisioner.app import create_app
 from karios.provisioner.config import ProvisionerConfig
+from tests.fixtures.provision import insert_media_job
 
 pytestmark = pytest.mark.integration
 
@@ -44,24 +47,31 @@ CASES: dict[str, tuple[int, bytes | None, str | None]] = {
 
 
 @pytest.fixture
-async def prov(settings, serve, tmp_path: Path) -> str:
+async def prov(settings, serve, tmp_path: Path) -> tuple[str, str]:
+    """The provisioner's URL and the medium's signed path (+ query)."""
     media, images = tmp_path / "media", tmp_path / "images"
     media.mkdir()
     (images / "debian").mkdir(parents=True)
     (media / "job-ranges.iso").write_bytes(BODY)
     (images / "debian" / "rootfs.tar").write_bytes(BODY)
     cfg = ProvisionerConfig(cache_dir=tmp_path / "cache", media_dir=media, images_dir=images)
-    return (await serve(create_app(settings, cfg))).url
+    app = create_app(settings, cfg)
+    running = await serve(app)
+    svc = app.state.jobs
+    await insert_media_job(svc, "job-ranges", "10.250.1.1")
+    signed = urlsplit(svc.media_url("job-ranges"))
+    return running.url, f"{signed.path}?{signed.query}"
 
 
 @pytest.mark.parametrize("header", list(CASES), ids=lambda h: h[:24])
-async def test_media_and_images_answer_a_range_the_same(prov: str, header: str) -> None:
+async def test_media_and_images_answer_a_range_the_same(prov: tuple[str, str], header: str) -> None:
     status, body, crange = CASES[header]
     raw = header.encode("utf-8")  # what a client on the wire sends (the report's ², ³, ¹)
-    async with httpx.AsyncClient(base_url=prov, timeout=30) as c:
+    base, medium = prov
+    async with httpx.AsyncClient(base_url=base, timeout=30) as c:
         answers = [
             await c.request(method, url, headers=[(b"Range", raw)])
-            for url in ("/media/job-ranges.iso", "/images/debian/rootfs.tar")
+            for url in (medium, "/images/debian/rootfs.tar")
             for method in ("GET", "HEAD")
         ]
     for r in answers:
@@ -75,9 +85,10 @@ async def test_media_and_images_answer_a_range_the_same(prov: str, header: str) 
                 assert r.content == body, where
 
 
-async def test_if_range_with_another_validator_sends_the_whole_file(prov: str) -> None:
-    async with httpx.AsyncClient(base_url=prov, timeout=30) as c:
-        for url in ("/media/job-ranges.iso", "/images/debian/rootfs.tar"):
+async def test_if_range_with_another_validator_sends_the_whole_file(prov: tuple[str, str]) -> None:
+    base, medium = prov
+    async with httpx.AsyncClient(base_url=base, timeout=30) as c:
+        for url in (medium, "/images/debian/rootfs.tar"):
             tag = (await c.head(url)).headers["etag"]
             same = await c.get(url, headers={"Range": "bytes=0-9", "If-Range": tag})
             other = await c.get(url, headers={"Range": "bytes=0-9", "If-Range": '"not-it"'})

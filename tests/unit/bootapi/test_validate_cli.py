@@ -40,7 +40,8 @@ def test_the_shipped_set_passes_every_validator(capsys):
     assert "ok    almalinux-9: kickstart/almalinux-9.ks.j2 (kickstart, with callback)" in out
     assert "ok    debian-12: preseed/debian-12.cfg.j2 (preseed, with callback)" in out
     assert "ok    debian-13: preseed/debian-12.cfg.j2 (preseed, with callback)" in out
-    assert "all 15 checks passed" in out
+    assert "ok    ipxe/discover.ipxe.j2" in out  # discovery of unknown servers (issue 27 item 3)
+    assert "all 16 checks passed" in out
 
 
 def edit(path: Path, old: str, new: str) -> None:

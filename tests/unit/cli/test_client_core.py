@@ -35,6 +35,13 @@ def test_sse_lines_become_events_comments_become_none():
     assert events[1].data == {"text": "not json"}
 
 
+def test_the_first_frames_id_is_a_resume_point_not_an_event():
+    # The gateway's first frame: ": connected" then "id: N" with no data (the stream's position).
+    wire = [": connected", "id: 41", "", "id: 42", "event: job_queued", "data: {}", ""]
+    out = list(parse_lines(iter(wire)))
+    assert [(e.id, e.name) for e in out if e is not None] == [(41, ""), (42, "job_queued")]
+
+
 def test_key_value_pairs_are_yaml_typed_and_bad_pairs_name_themselves(tmp_path):
     f = tmp_path / "cfg.yaml"
     f.write_text("fabric_switch_nos: sonic\nvxlan_mtu: 1500\n")

@@ -126,4 +126,4 @@ def test_a_usage_error_is_the_usage_and_one_error_line_never_a_traceback():
     env = {k: v for k, v in os.environ.items() if not k.startswith("KARIOS_")}
     r = subprocess.run([str(KARIOS), "provision"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
-    assert "Traceback" not in r.stderr and "Missing argument 'bmc'" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "Missing argument 'BMC'" in r.stderr, r.stderr

@@ -8,6 +8,7 @@ from karios.api_gateway.routes import ROUTERS
 
 # Installer callbacks authenticate with the job token baked into the boot medium, not an operator token.
 INSTALLER_CALLBACKS = {
+    ("POST", "/controlnode/discovery/report"),  # the discovery token of the boot (issue 27 item 3)
     ("POST", "/controlnode/job/{id}/step"),
     ("POST", "/controlnode/job/{id}/complete"),
     ("POST", "/controlnode/firstboot"),

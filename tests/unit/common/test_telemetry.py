@@ -12,11 +12,9 @@ import httpx
 import pytest
 import structlog
 from opentelemetry import trace
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from karios.common import telemetry_tracing
-from karios.common.telemetry import _KariosHandler, get_logger, setup_logging
+from karios.common.telemetry import _KariosHandler, get_logger, redact, setup_logging
 from karios.common.telemetry_http import trace_http_client
 from karios.common.telemetry_tracing import job_span, otlp_wanted
 
@@ -51,16 +49,6 @@ def lines():
     handler.setStream(sys.stderr)
 
 
-@pytest.fixture
-def spans():
-    telemetry_tracing.setup_tracing("unit")
-    exporter = InMemorySpanExporter()
-    assert telemetry_tracing._tracer_provider is not None
-    telemetry_tracing._tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield exporter
-    exporter.shutdown()
-
-
 def test_every_logger_writes_one_json_line_with_the_same_fields(lines):
     logging.getLogger("alembic.runtime.migration").info("Running upgrade %s -> %s", "a", "b")
     logging.getLogger("asyncssh").warning("[conn=0, chan=1] Command: set -e\nip link add vtep0\n")
@@ -81,6 +69,31 @@ def test_every_logger_writes_one_json_line_with_the_same_fields(lines):
     assert out[4]["api_token"] == "***" and out[4]["nested"] == {"password": "***"}
     assert (
         logging.getLogger("uvicorn").handlers == [] and logging.getLogger("asyncssh").level == logging.WARNING
+    )
+
+
+def test_url_passwords_are_masked_in_values_messages_and_exceptions(lines):
+    url = "nats://karios:pw-in-url@127.0.0.1:4222,nats://karios:pw-2@127.0.0.1:4223"
+    get_logger("karios.x").info("bus", servers=url, nested=[{"url": "postgresql://u:pg-pw@db/k"}])
+    logging.getLogger("faststream").warning("cannot connect to %s", url)
+    try:
+        raise ConnectionError(f"connect {url} refused")
+    except ConnectionError:
+        get_logger("karios.x").exception("bus down")
+        logging.getLogger("nats.aio.client").exception("nats: error")
+    out = lines()
+    text = json.dumps(out)
+    assert "pw-in-url" not in text and "pw-2" not in text and "pg-pw" not in text, text
+    assert out[0]["servers"] == "nats://karios:***@127.0.0.1:4222,nats://karios:***@127.0.0.1:4223"
+    assert out[0]["nested"] == [{"url": "postgresql://u:***@db/k"}]
+    assert out[1]["event"].startswith("cannot connect to nats://karios:***@127.0.0.1:4222")
+    assert (
+        "nats://karios:***@127.0.0.1:4222" in out[2]["exception"] and "ConnectionError" in out[3]["exception"]
+    )
+    # A URL without a password (the embedded PostgreSQL's socket URL) is left as it is.
+    assert (
+        redact("postgresql+asyncpg://postgres@/karios?host=/tmp/x")
+        == "postgresql+asyncpg://postgres@/karios?host=/tmp/x"
     )
 
 

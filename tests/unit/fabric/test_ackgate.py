@@ -263,3 +263,47 @@ def test_comment_only_changes_need_no_ack_but_a_configured_name_does() -> None:
 def test_changes_elsewhere_need_no_ack() -> None:
     stored = _cfg("eos", "ospf", "switch-rr")
     assert _gate(stored, {"expected_vms": 500, "advertise_all_vni": False}) is None
+
+
+def _secret_gate(stored: FabricConfigFields, secrets: ackgate.SecretChange) -> dict | None:
+    try:
+        got = ackgate.evaluate(
+            stored, stored, FabricConfigInput(), caller="c", caller_role="operator", secrets=secrets
+        )
+    except SwitchReconfigAckRequired as exc:
+        return exc.details
+    assert got is None
+    return None
+
+
+@pytest.mark.parametrize("nos", SWITCH_NOS)
+def test_a_bgp_password_set_cleared_or_changed_needs_the_ack_where_the_switch_runs_bgp(nos: str) -> None:
+    """Secrets are placeholders: a password set, cleared or given a new value leaves the rest of
+    the text alone, but the switch must be told — the gate names bgp_password and the snippet
+    carries the password line (never a value)."""
+    stored = _cfg(nos, "ospf", "switch-rr")
+    set_ = _secret_gate(stored, ackgate.SecretChange(False, True))
+    cleared = _secret_gate(stored, ackgate.SecretChange(True, False))
+    revalued = _secret_gate(stored, ackgate.SecretChange(True, True, ("bgp_password",)))
+    for details in (set_, cleared, revalued):
+        assert details is not None and details["changed_fields"] == ["bgp_password"]
+        snippet = next(s for s in details["snippets"] if s["nos"] == nos)["snippet"]
+        assert "password" in snippet
+    assert "<bgp-password>" in next(s for s in set_["snippets"] if s["nos"] == nos)["snippet"]
+    assert "<bgp-password>" not in next(s for s in cleared["snippets"] if s["nos"] == nos)["snippet"]
+    # The same password kept (a write of other fields): nothing for the switch.
+    assert _secret_gate(stored, ackgate.SecretChange(True, True)) is None
+    # The switch runs no BGP (route reflector on the gateway node): its password is not the switch's.
+    assert _secret_gate(_cfg(nos, "ospf", "gw-rr"), ackgate.SecretChange(False, True)) is None
+
+
+def test_a_new_ospf_key_needs_the_ack_only_with_ospf_authentication() -> None:
+    plain = _cfg("frr", "ospf", "switch-rr")
+    assert _secret_gate(plain, ackgate.SecretChange(value_changed=("ospf_auth_key",))) is None
+    md5 = plain.model_copy(update={"ospf_auth_type": "message-digest", "ospf_auth_key_id": 1})
+    details = _secret_gate(md5, ackgate.SecretChange(value_changed=("ospf_auth_key",)))
+    assert details is not None and details["changed_fields"] == ["ospf_auth_key"]
+    frr = next(s for s in details["snippets"] if s["nos"] == "frr")["snippet"]
+    assert (
+        "no ip ospf message-digest-key 1" in frr and "ip ospf message-digest-key 1 md5 <ospf-auth-key>" in frr
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from karios.fabric_worker.rollout.intent import FabricIntent
@@ -20,3 +21,18 @@ LAB_INTENT: dict[str, Any] = {
 def lab_intent(**overrides: Any) -> FabricIntent:
     """The lab's intent, with ``overrides`` (an OSPF underlay, a password, other VNIs …)."""
     return FabricIntent(**(LAB_INTENT | overrides))
+
+
+OVERLAY_FIXTURES = Path(__file__).parent / "fixtures" / "overlay"
+
+
+def overlay_line(name: str = "overlay_node2") -> str:
+    """One recorded poll line of the post-deploy overlay loop (FRR 8.4, VNIs 100 and 200,
+    VTEPs 198.19.1.1-3): `name` is a file of fixtures/overlay/ without ``.txt``."""
+    return (OVERLAY_FIXTURES / f"{name}.txt").read_text().strip()
+
+
+def discovery_overlay_section() -> str:
+    """The overlay section of node2's recorded apply discovery (the vtysh documents, one line)."""
+    text = (OVERLAY_FIXTURES / "discover_node2.txt").read_text()
+    return text.split("@@karios:overlay\n", 1)[1].split("\n", 1)[0]

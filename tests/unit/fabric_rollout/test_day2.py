@@ -75,6 +75,26 @@ def test_unreachable_unresolved_nodes_and_a_full_pool_are_blockers() -> None:
     assert text.startswith("apply refused by the last preflight (3 blocker(s))") and "force" in text
 
 
+def test_a_refusal_of_a_large_fabric_names_the_first_blockers_and_counts_them_all() -> None:
+    # Issue 28: 1,000 unreachable nodes made a 448 KB 409 (every message twice). The count is
+    # exact, the message and details.blockers are bounded, the largest vxlan_mtu is kept.
+    found = judge.blockers([_node(i, 0, "unreachable") for i in range(1000)], vxlan_mtu=9000)
+    text = judge.headline(found, 1500)
+    details = judge.refusal_details(found, 1500)
+    assert text.startswith("apply refused by the last preflight (1000 blocker(s))")
+    assert f"and {1000 - judge.NAMED_IN_MESSAGE} more (details.blockers)" in text
+    assert "node0 (198.18.0.10)" in text and f"node{judge.NAMED_IN_MESSAGE} " not in text
+    assert details["blockers_total"] == 1000 and details["max_vxlan_mtu"] == 1500
+    assert [b["node_ip"] for b in details["blockers"]] == [
+        b.node_ip for b in found[: judge.LISTED_IN_DETAILS]
+    ]
+    assert len(text) < 2_000 and len(str(details)) < 40_000
+    # A few blockers are all named and listed, as before.
+    few = found[:3]
+    assert all(b.message in judge.headline(few, 0) for b in few) and "more" not in judge.headline(few, 0)
+    assert judge.refusal_details(few, 0)["blockers_total"] == 3
+
+
 def test_preflight_summary_names_outliers_largest_mtu_and_blockers_keeping_the_seed_fields() -> None:
     a = resolve_node(NodeTarget(node_ip="198.18.0.11", fqdn="node1"), FRESH, "198.18.0.0/24", None)
     b = a.model_copy(update={"node_ip": "198.18.0.12", "fqdn": "node2"})

@@ -25,7 +25,7 @@ from karios.fabric_worker.rollout.node import NodeRollout, RolloutOptions
 from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_files
 from karios.fabric_worker.rollout.ssh import CommandResult
 from karios.fabric_worker.rollout.verify import VERIFY_NO_SESSION
-from tests.unit.fabric_rollout.lab import lab_intent
+from tests.unit.fabric_rollout.lab import discovery_overlay_section, lab_intent, overlay_line
 
 FIX = Path(__file__).parent / "fixtures"
 APPLIED_OUT = (FIX / "discover_node2_applied.txt").read_text()
@@ -47,7 +47,8 @@ def _summary(state: str) -> str:
 
 def _applied_discovery(evpn: str | None) -> str:
     """node2's recorded discovery with today's rendered files (nothing to change) and, as the
-    apply's discovery prints it, the EVPN summary section."""
+    apply's discovery prints it, the EVPN summary section and (with it: bgpd runs) the overlay
+    section recorded on node2 with its VNIs up and every IMET route in."""
     files = render_node_files(
         INTENT, NodeRenderInput(hostname="node2", vtep_ip=VTEP, underlay_iface="br-underlay")
     ).as_dict()
@@ -59,14 +60,16 @@ def _applied_discovery(evpn: str | None) -> str:
             out,
         )
     evpn_section = "@@karios:evpn\n" + (f"{evpn}\n" if evpn is not None else "")
-    return out.replace("@@karios:end", evpn_section + "@@karios:end")
+    overlay = "@@karios:overlay\n" + (f"{discovery_overlay_section()}\n" if evpn is not None else "")
+    return out.replace("@@karios:end", evpn_section + overlay + "@@karios:end")
 
 
 class RecordingSession:
     """Stands in for an SSH session: answers the discovery, records every exec."""
 
-    def __init__(self, discovery: str, polls: list[str]) -> None:
+    def __init__(self, discovery: str, polls: list[str], overlay: list[str] | None = None) -> None:
         self.discovery, self.polls, self.execs = discovery, polls, []
+        self.overlay = [overlay_line()] if overlay is None else overlay
 
     async def run(self, command: str, *, input=None, limit_s: float = 60.0, check: bool = True):
         self.execs.append(command)
@@ -75,7 +78,7 @@ class RecordingSession:
 
     async def lines(self, command: str, *, limit_s: float = 60.0):
         self.execs.append(command)
-        for line in self.polls:
+        for line in self.overlay if "show evpn vni json" in command else self.polls:
             yield line
 
 
@@ -88,7 +91,7 @@ async def test_unchanged_established_node_is_verified_by_its_discovery_alone() -
     run = _rollout()
     s = RecordingSession(_applied_discovery(_summary("Established")), polls=[])
     await run._apply_with(s, None)
-    assert run.result.steps == ["frr_present", "unchanged", "verified"]
+    assert run.result.steps == ["frr_present", "unchanged", "verified", "overlay_checked"]
     assert not run.result.changed
     assert s.execs == [APPLY_DISCOVER_SCRIPT]  # one SSH exec for the whole no-op
 
@@ -98,8 +101,9 @@ async def test_unchanged_node_not_yet_established_still_runs_the_verify_loop(evp
     run = _rollout()
     s = RecordingSession(_applied_discovery(evpn), polls=[_summary("Connect"), _summary("Established")])
     await run._apply_with(s, None)
-    assert run.result.steps == ["frr_present", "unchanged", "verified"]
-    assert len(s.execs) == 2 and "show bgp l2vpn evpn summary json" in s.execs[1]
+    assert run.result.steps == ["frr_present", "unchanged", "verified", "overlay_checked", "probe_skipped"]
+    assert len(s.execs) == 3 and "show bgp l2vpn evpn summary json" in s.execs[1]
+    assert "show bgp l2vpn evpn route type multicast json" in s.execs[2]  # the overlay checks
 
 
 def _fake_node(tmp: Path, *, bgpd_alive: bool) -> tuple[str, dict[str, str]]:

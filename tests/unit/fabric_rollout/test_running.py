@@ -30,6 +30,7 @@ from karios.fabric_worker.rollout.running import (
     running_diff,
 )
 from karios.fabric_worker.rollout.ssh import CommandResult
+from tests.unit.fabric_rollout.lab import overlay_line
 from tests.unit.fabric_rollout.test_noop_verify import INTENT, VTEP, _applied_discovery, _summary
 
 RUN = Path(__file__).parent / "fixtures" / "running"
@@ -134,7 +135,7 @@ class Session:
 
     async def lines(self, command: str, *, limit_s: float = 60.0):
         self.execs.append(command)
-        yield _summary("Established")
+        yield overlay_line() if "show evpn vni json" in command else _summary("Established")
 
 
 def _rendered_running() -> str:
@@ -160,7 +161,8 @@ async def test_running_config_equal_to_the_file_stays_a_one_exec_noop() -> None:
     run = _rollout()
     s = Session(_rendered_running(), after="")
     await run._apply_with(s, None)
-    assert run.result.steps == ["frr_present", "unchanged", "verified"] and not run.result.changed
+    assert run.result.steps == ["frr_present", "unchanged", "verified", "overlay_checked"]
+    assert not run.result.changed
     assert s.execs == [APPLY_DISCOVER_SCRIPT]
     assert ("node_unchanged", "files, running config and devices equal the intent") in run.events
 

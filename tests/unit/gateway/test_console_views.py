@@ -19,6 +19,7 @@ from karios.common.contracts.fabric_rollout import (
     VtepPoolHeadroom,
 )
 
+DAY2 = {"retry_job", "adopt_discovered"}
 T0, T1, T2 = "2026-12-01T10:00:00+00:00", "2026-12-01T10:05:00+00:00", "2026-12-01T10:10:00+00:00"
 
 
@@ -26,10 +27,10 @@ T0, T1, T2 = "2026-12-01T10:00:00+00:00", "2026-12-01T10:05:00+00:00", "2026-12-
     ("role", "writes"),
     [
         (Role.viewer, set()),
-        (Role.operator, {"provision", "cancel_job", "preflight", "edit_fabric", "preview_diff"}),
+        (Role.operator, {"provision", "cancel_job", "preflight", "edit_fabric", "preview_diff", *DAY2}),
         (
             Role.fabric_admin,
-            {"provision", "cancel_job", "preflight", "edit_fabric", "preview_diff", "apply_fabric"},
+            {"provision", "cancel_job", "preflight", "edit_fabric", "preview_diff", "apply_fabric", *DAY2},
         ),
     ],
 )

@@ -8,6 +8,8 @@ import re
 import shutil
 import subprocess
 import threading
+import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -116,6 +118,24 @@ def test_wipe_script_reports_per_disk_then_wiped(tmp_path: Path) -> None:
     assert keys == [(s.key, str(s.percent)) for s in WIPE_STAGES if s.key != "wipe"]
     for needed in ("wipefs -a -f", "blkdiscard -f", "oflag=direct", "iflag=direct", "mdadm --stop"):
         assert needed in script
+
+
+def test_wipe_policy_comes_from_the_deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``wipe_policy`` (KARIOS_PROVISIONER_WIPE_POLICY): fast by default, secure runs the ladder."""
+    from karios.provisioner.config import ProvisionerConfig
+
+    assert "\nWIPE_POLICY=fast\n" in WipeMethod(_cfg(tmp_path)).render_wipe_script(_ctx())
+    secure = WipeMethod(SimpleNamespace(**vars(_cfg(tmp_path)), wipe_policy="secure"))
+    script = secure.render_wipe_script(_ctx())
+    _sh_ok(script)
+    assert "\nWIPE_POLICY=secure\n" in script and 'if [ "$WIPE_POLICY" = secure ]; then' in script
+    with pytest.raises(PermanentFailure, match="wipe_policy 'slow'"):
+        WipeMethod(SimpleNamespace(**vars(_cfg(tmp_path)), wipe_policy="slow"))
+    monkeypatch.setenv("KARIOS_PROVISIONER_WIPE_POLICY", "secure")
+    assert ProvisionerConfig().wipe_policy == "secure"
+    monkeypatch.setenv("KARIOS_PROVISIONER_WIPE_POLICY", "thorough")
+    with pytest.raises(ValueError, match="wipe_policy"):
+        ProvisionerConfig()
 
 
 def test_init_loads_modules_and_runs_the_overlay() -> None:
@@ -235,14 +255,16 @@ def test_callback_json_encoding_is_exact_under_every_awk(tmp_path: Path, awk_pat
 
 class _Callbacks(ThreadingHTTPServer):
     """A stand-in callback endpoint: answers each POST with the next status of ``answers`` (then
-    200 to well-formed JSON, 422 to anything else) and keeps what it was sent."""
+    200 to well-formed JSON, 422 to anything else) and keeps what it was sent, and when (``at``).
+    ``port``: where it listens (default: a free one)."""
 
-    def __init__(self, answers: list[int]) -> None:
-        self.answers, self.got = list(answers), []
+    def __init__(self, answers: list[int], port: int | None = None) -> None:
+        self.answers, self.got, self.at = list(answers), [], []
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(h) -> None:
                 body = h.rfile.read(int(h.headers["Content-Length"]))
+                self.at.append(time.monotonic())
                 self.got.append((h.path, h.headers["X-Karios-Job-Token"], body))
                 if self.answers:
                     code = self.answers.pop(0)
@@ -259,7 +281,7 @@ class _Callbacks(ThreadingHTTPServer):
             def log_message(h, *args: object) -> None:
                 pass
 
-        super().__init__(("127.0.0.1", free_port()), Handler)
+        super().__init__(("127.0.0.1", port or free_port()), Handler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
@@ -306,3 +328,71 @@ def test_failure_report_is_retried_on_5xx_not_reduced(tmp_path: Path, awk_path: 
     rc, got, err = _report_failed(tmp_path, awk_path, [503])
     assert rc == 0, err
     assert len(got) == 2 and got[0][2] == got[1][2] and b'"log"' in got[1][2]
+
+
+#: The reporter's longest pause between two tries (``RETRY_MAX_DELAY`` of callbacks.sh.j2).
+RETRY_MAX_DELAY = 4
+
+
+def _report_across_an_outage(
+    tmp_path: Path, argv: Callable[[str], list[str]], path_env: str, outage: float = 3.0
+) -> tuple[subprocess.CompletedProcess[str], _Callbacks, float]:
+    """``report_failed`` while nothing listens at the callback URL (the gateway's host down), then
+    a real server there that answers 503 twice (its provisioner still gone) before taking it.
+    ``argv(script)``: how the script runs (the host's sh, or inside the live environment).
+    Returns the finished reporter, the server, and when the server came up."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/controlnode"
+    fns = _callbacks(WipeMethod(_cfg(tmp_path)).render_wipe_script(_ctx(callback_base=url)))
+    reporter = subprocess.Popen(
+        argv(fns + 'report_failed "$S" "$M" "$L"'),
+        env={"PATH": path_env, "S": "base-system", "M": MESSAGES[2], "L": "zstd: " + MESSAGES[2]},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(outage)  # holding the outage for its length, not waiting for a condition
+        assert reporter.poll() is None, reporter.communicate()
+        srv = _Callbacks([503, 503], port=port)
+        up = time.monotonic()
+        try:
+            out, err = reporter.communicate(timeout=90)
+        finally:
+            srv.shutdown()
+            srv.server_close()
+    finally:
+        if reporter.poll() is None:
+            reporter.kill()
+            reporter.wait()
+    return subprocess.CompletedProcess(reporter.args, reporter.returncode, out, err), srv, up
+
+
+def check_report_across_an_outage(res: subprocess.CompletedProcess[str], srv: _Callbacks, up: float) -> None:
+    """The full failure report arrived once the server was back, each try within the backoff's
+    longest pause of the one before: the same body three times (503, 503, taken), never reduced."""
+    assert res.returncode == 0, res.stderr
+    assert "NOT delivered" not in res.stderr and "reduced" not in res.stderr, res.stderr
+    assert len(srv.got) == 3, srv.got
+    assert len({body for _, _, body in srv.got}) == 1
+    report = json.loads(srv.got[0][2])
+    assert report["state"] == "failed" and report["message"] == MESSAGES[2], report
+    assert report["log"] == ["zstd: " + MESSAGES[2]], report
+    gaps = [b - a for a, b in zip([up, *srv.at], srv.at, strict=False)]
+    assert all(g < RETRY_MAX_DELAY + 2 for g in gaps), gaps
+
+
+def test_failure_report_waits_for_a_server_that_is_down_then_up(tmp_path: Path, awk_path: str) -> None:
+    """The gateway unreachable, then answering 503 (the provisioner SIGKILLed and restarting):
+    the failure report is retried until it is taken, and arrives within seconds of the return."""
+    check_report_across_an_outage(*_report_across_an_outage(tmp_path, lambda s: ["sh", "-c", s], awk_path))
+
+
+def test_callbacks_retry_windows_and_backoff(tmp_path: Path) -> None:
+    """A step is retried for two minutes, the failure report — the last word before the power-off
+    — for ten, with pauses of at most RETRY_MAX_DELAY seconds."""
+    fns = _callbacks(WipeMethod(_cfg(tmp_path)).render_wipe_script(_ctx()))
+    assert "\nRETRY_FOR=120\n" in fns and "\nFAILED_RETRY_FOR=600\n" in fns
+    assert f"\nRETRY_MAX_DELAY={RETRY_MAX_DELAY}\n" in fns
+    report_failed = fns[fns.index("report_failed() {") :]
+    assert '"$FAILED_RETRY_FOR"\n}' in report_failed[: report_failed.index("\n}\n") + 2]

@@ -17,6 +17,8 @@ from karios.common.contracts.base import Contract
 from karios.common.contracts.provision import (
     CallbackRequestV2,
     CancelJob,
+    JobRequestQuery,
+    JobRequestView,
     JobView,
     QueueEntry,
     QueueQuery,
@@ -65,6 +67,12 @@ class Recorder:
                 created_at="t",
             )
         ]
+
+    async def job_request(self, q: JobRequestQuery) -> JobRequestView:
+        self.calls.append(("job_request", q))
+        return JobRequestView(
+            job_id=q.job_id, bmc_ip="10.0.0.5", hostname="n1", debian_version="13", has_os_password=True
+        )
 
 
 def _bus() -> tuple[Bus, Recorder]:
@@ -121,3 +129,15 @@ async def test_a_malformed_callback_is_an_error_reply_naming_the_field_and_reach
     err = json.loads(reply.body)["error"]
     assert err["code"] == "VALIDATION_FAILED" and err["field"] == "percent", err
     assert rec.calls == []
+
+
+async def test_a_jobs_request_is_answered_without_its_secrets():
+    bus, rec = _bus()
+    async with TestNatsBroker(bus.broker) as br:
+        reply = await br.request(
+            _wire(JobRequestQuery(job_id="j7")), bus.subjects.query("provision", "job_request")
+        )
+    result = json.loads(reply.body)["result"]
+    assert rec.calls == [("job_request", JobRequestQuery(job_id="j7"))]
+    assert (result["job_id"], result["debian_version"], result["has_os_password"]) == ("j7", "13", True)
+    assert not any(k.endswith("_enc") or k in ("os_password", "root_pass") for k in result)

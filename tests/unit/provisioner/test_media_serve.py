@@ -2,11 +2,13 @@
 
 GET/HEAD, one range (206 + Content-Range) over every slot boundary, 416 past the end, the whole
 medium for multi-range, ETag/If-None-Match/If-Range, Last-Modified — read back over HTTP
-(Starlette app on the ASGI transport) and compared with the patched reference.
+(Starlette app on the ASGI transport) and compared with the patched reference; and what a server
+offering ``http.response.zerocopysend`` is sent (spans of the base file, the slot as bytes).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -117,3 +119,71 @@ async def test_a_truncated_base_is_an_error_not_a_short_medium(served: ServedMed
     with pytest.raises(OSError, match="shorter than its layout"):
         async for _ in served.stream(0, SIZE - 1):
             pass
+
+
+async def zero_copy_get(m: ServedMedium, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes, list[str]]:
+    """GET through a server offering ``http.response.zerocopysend``: the status, the body as the
+    server would write it (each span read from the file it was given), and the message kinds."""
+
+    async def route(request: Request):  # type: ignore[no-untyped-def]
+        return medium_response(m, request, "job.iso")
+
+    app = Starlette(routes=[Route("/media/job.iso", route, methods=["GET", "HEAD"])])
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/media/job.iso",
+        "raw_path": b"/media/job.iso",
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+        "extensions": {mediaserve.ZEROCOPY: {}},
+    }
+    status, body, kinds = 0, bytearray(), []
+    done = asyncio.Event()
+
+    async def receive() -> dict:
+        if not kinds:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        nonlocal status
+        kinds.append(message["type"])
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == mediaserve.ZEROCOPY:
+            body.extend(os.pread(message["file"].fileno(), message["count"], message["offset"]))
+        else:
+            body.extend(message.get("body", b""))
+        if not message.get("more_body", message["type"] == "http.response.start"):
+            done.set()
+
+    await app(scope, receive, send)
+    return status, bytes(body), kinds
+
+
+async def test_a_server_offering_zero_copy_gets_file_spans_and_the_slot_as_bytes(
+    served: ServedMedium,
+) -> None:
+    ref = reference(served)
+    status, body, kinds = await zero_copy_get(served, [])
+    assert (status, body) == (200, ref)
+    zc, data = mediaserve.ZEROCOPY, "http.response.body"
+    assert kinds == ["http.response.start", zc, data, zc, data]  # base, slot, base, end
+    for start, end in [(0, 9), (SLOT_AT - 1, SLOT_AT), (SLOT_AT + 5, SLOT_AT + 9), (SLOT_AT, SIZE - 1)]:
+        status, body, _ = await zero_copy_get(served, [(b"range", f"bytes={start}-{end}".encode())])
+        assert (status, body) == (206, ref[start : end + 1]), (start, end)
+
+
+async def test_a_truncated_base_is_an_error_with_zero_copy_too(served: ServedMedium) -> None:
+    with open(served.base, "r+b") as f:
+        f.truncate(SIZE - 10)
+    with pytest.raises(OSError, match="shorter than its layout"):
+        await zero_copy_get(served, [])

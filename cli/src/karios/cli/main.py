@@ -15,14 +15,15 @@ from typing import Annotated
 
 import typer
 
-from karios.cli.client import commands
+from karios.cli.backup import register as register_backup
+from karios.cli.client import audit_cmd, commands, server_cmd
 from karios.cli.client.api import CliError
 from karios.cli.client.fabric_cmds import fabric_app
-from karios.cli.client.shared import STATE
+from karios.cli.client.shared import STATE, App
 from karios.cli.demo.command import demo
-from karios.cli.services import SERVICES
+from karios.cli.services import SERVICES, server_tls
 
-app = typer.Typer(
+app = App(
     name="karios",
     help="Karios control plane: run it (up, run) and drive it (provision, jobs, fabric, …).",
     no_args_is_help=True,
@@ -34,16 +35,33 @@ ServiceName = StrEnum("ServiceName", {n.replace("-", "_"): n for n in sorted(SER
 
 class Output(StrEnum):
     table = "table"
+    wide = "wide"
     json = "json"
 
 
 @app.callback()
 def root(
-    output: Annotated[Output, typer.Option("--output", "-o", help="table (default) or json for scripts")] = (
-        Output.table
-    ),
+    output: Annotated[
+        Output,
+        typer.Option(
+            "--output",
+            "-o",
+            help="table (default; ids shortened on a terminal), wide (full ids), json for scripts",
+        ),
+    ] = Output.table,
+    context: Annotated[
+        str | None,
+        typer.Option(
+            "--context",
+            metavar="NAME",
+            envvar="KARIOS_CONTEXT",
+            help="the client context to use (~/.config/karios/contexts/NAME.json; default: config.json)",
+        ),
+    ] = None,
 ) -> None:
+    """Karios control plane: run it (up, run) and drive it (provision, jobs, fabric, …)."""
     STATE["output"] = output.value
+    STATE["context"] = context
 
 
 @app.command()
@@ -66,10 +84,22 @@ def up(
     replicas: Annotated[
         int, typer.Option(min=0, max=9, help="processes of every service (default: 2 with --cluster, else 1)")
     ] = 0,
+    context: Annotated[
+        str | None,
+        typer.Option(
+            "--context",
+            metavar="NAME",
+            help="keep the client context under this name (default: --context/KARIOS_CONTEXT, else "
+            "the state directory's name); also written as the default context",
+        ),
+    ] = None,
 ) -> None:
     """Run the whole system on this machine (embedded NATS + PostgreSQL)."""
+    from karios.cli.client.context import check_name
     from karios.cli.up import Up, state_dir
 
+    if context or STATE.get("context"):
+        check_name(context or STATE["context"])  # before anything starts, not once all is ready
     args = SimpleNamespace(
         timeout=timeout,
         max_crashes=max_crashes,
@@ -77,6 +107,7 @@ def up(
         otlp_endpoint=otlp_endpoint,
         cluster=cluster,
         replicas=replicas,
+        context=context or STATE.get("context"),
     )
     raise typer.Exit(Up(args, state_dir()).run())
 
@@ -116,12 +147,21 @@ def run(
         run_bootapi(settings, boot)  # on uvloop, as uvicorn runs the other services
         return
     listen_port = port or int(getattr(settings, spec.port_setting))
+    tls = server_tls(spec.name, settings)
     if server is HttpServer.granian:
         from karios.bootapi.listeners import GranianListener, run_servers
+
+        if tls:
+            raise typer.BadParameter(
+                "granian serves plain HTTP here: unset KARIOS_TLS_CERTFILE (the provisioner: "
+                "KARIOS_PROVISIONER_TLS) or use uvicorn"
+            )
 
         listener = GranianListener(spec.create_app(), settings.host, listen_port, lifespan=True, threads=2)
         asyncio.run(run_servers([listener]))
         return
+    from karios.common.http import SERVER_KEEP_ALIVE_S
+
     # SSE streams never end on their own: give open connections 5 s on SIGTERM, then close them.
     uvicorn.run(
         spec.create_app(),
@@ -131,6 +171,8 @@ def run(
         access_log=False,
         log_config=None,  # uvicorn's lines go through the service's JSON pipeline (telemetry.py)
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+        **tls,  # type: ignore[arg-type]
     )
 
 
@@ -175,6 +217,7 @@ def config_doc() -> None:
 # them imports this module back.
 app.command()(commands.login)
 app.add_typer(commands.nodes_app, name="nodes")
+app.add_typer(server_cmd.server_app, name="server")
 app.command()(commands.provision)
 app.command()(commands.unprovision)
 app.command()(commands.jobs)
@@ -182,7 +225,10 @@ app.command()(commands.events)
 app.add_typer(commands.job_app, name="job")
 app.add_typer(fabric_app, name="fabric")
 app.add_typer(commands.token_app, name="token")
+app.command("audit")(audit_cmd.audit)
+app.add_typer(commands.context_app, name="context")
 app.command("demo")(demo)
+register_backup(app)  # backup, restore
 
 
 def main(argv: list[str] | None = None) -> int:

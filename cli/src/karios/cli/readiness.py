@@ -5,6 +5,7 @@ a container health check that must not load the full CLI (:mod:`karios.cli.entry
 from __future__ import annotations
 
 import os
+import ssl
 import urllib.error
 import urllib.request
 
@@ -30,9 +31,18 @@ def ready(service: str, timeout: float) -> int:
     except ValueError:
         print(f"{service}: not ready (KARIOS_{setting.upper()} is not a port number)")
         return 1
-    ok, body = probe(f"http://127.0.0.1:{port}/readyz", timeout)
+    tls = os.environ.get("KARIOS_TLS_CERTFILE", "").strip() and (
+        service == "api-gateway"
+        or (service == "provisioner" and _true(os.environ.get("KARIOS_PROVISIONER_TLS", "")))
+    )
+    ok, body = probe(f"{'https' if tls else 'http'}://127.0.0.1:{port}/readyz", timeout)
     print(f"{service}: {'ready' if ok else 'not ready'} {body}")
     return 0 if ok else 1
+
+
+def _true(raw: str) -> bool:
+    """A boolean setting as pydantic reads it from the environment."""
+    return raw.strip().lower() in ("1", "true", "yes", "on", "t", "y")
 
 
 def probe(url: str, timeout: float, instance: str = "") -> tuple[bool, str]:
@@ -40,8 +50,13 @@ def probe(url: str, timeout: float, instance: str = "") -> tuple[bool, str]:
     Also ``karios up``'s start-up and supervisor check (:func:`karios.cli.supervisor.is_ready`):
     with `instance`, only the process started with that ``KARIOS_INSTANCE_ID`` counts — a
     foreign process holding the port is not the service, whatever it answers."""
+    # HTTPS (the gateway with KARIOS_TLS_CERTFILE, the provisioner with KARIOS_PROVISIONER_TLS):
+    # the certificate is not checked here — the probe sends nothing secret, and its name may not
+    # be this address; the instance header is what proves the answer comes from the process that
+    # was started.
+    tls = ssl._create_unverified_context() if url.startswith("https:") else None  # noqa: S323
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (our own 127.0.0.1 URL)
+        with urllib.request.urlopen(url, timeout=timeout, context=tls) as r:  # noqa: S310 (our own URL)
             body = r.read().decode(errors="replace")
             got = r.headers.get(INSTANCE_HEADER, "")
             if instance and got != instance:

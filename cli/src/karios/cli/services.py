@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -28,3 +29,18 @@ SERVICES: dict[str, ServiceSpec] = {
         ServiceSpec("api-gateway", "karios.api_gateway.app", "gateway_port"),
     )
 }
+
+
+def serves_tls(name: str, settings: Any) -> bool:
+    """Whether service ``name`` serves HTTPS: the gateway with KARIOS_TLS_CERTFILE/_KEYFILE, the
+    provisioner when KARIOS_PROVISIONER_TLS is set too (media and images, docs/operations.md)."""
+    if settings.tls_certfile is None:
+        return False
+    return name == "api-gateway" or (name == "provisioner" and bool(settings.provisioner_tls))
+
+
+def server_tls(name: str, settings: Any) -> dict[str, str]:
+    """uvicorn's TLS arguments for service ``name`` (empty: plain HTTP)."""
+    if not serves_tls(name, settings):
+        return {}
+    return {"ssl_certfile": str(settings.tls_certfile), "ssl_keyfile": str(settings.tls_keyfile)}

@@ -4,9 +4,11 @@
   ``first_delay`` to ``max_delay``) and when to give up (``max_crashes`` within ``window``
   seconds). Crashes older than the window are forgotten, so a service that crashes once a day
   is restarted forever.
-- :class:`Supervisor` owns the child processes: it notices an exit, says so on the console and
-  in the service's log and ``karios.log``, restarts it after the delay, reports when its
-  ``/readyz`` is green again, and stops everything only when asked (or on a crash loop).
+- :class:`Supervisor` owns the child processes: it notices an exit (and reaps it: no zombie),
+  says so on the console and in the service's log and ``karios.log``, restarts it after the
+  delay, reports when its ``/readyz`` is green again, and stops everything only when asked (or on
+  a crash loop). The embedded NATS and PostgreSQL are children too: a :class:`Child` may bring
+  its own way to start (``spawn``) and to tell it is ready (``ready``).
 """
 
 from __future__ import annotations
@@ -69,6 +71,27 @@ class Child:
     starts: int = 0
     #: This start's ``KARIOS_INSTANCE_ID``: readiness counts only this process's answer.
     instance: str = ""
+    #: How to start it, instead of ``argv`` with the supervisor's environment (an embedded
+    #: server: same ports and data directory on every start). May raise :class:`NotNow`.
+    spawn: Callable[[], subprocess.Popen[bytes]] | None = None
+    #: Whether it is ready now, instead of ``ready_url`` answering 200 with its instance id.
+    ready: Callable[[], bool] | None = None
+    #: What :class:`NotNow` said last (said once, not on every retry).
+    waiting: str = ""
+
+    def is_ready(self) -> bool:
+        if self.ready is not None:
+            return self.ready()
+        return is_ready(self.ready_url, instance=self.instance)
+
+
+class NotNow(RuntimeError):
+    """A child cannot start now, for a reason that is not its fault (an embedded PostgreSQL
+    restarted by hand serves the data directory): not a crash; tried again after ``retry_in``."""
+
+    def __init__(self, message: str, retry_in: float = 2.0) -> None:
+        super().__init__(message)
+        self.retry_in = retry_in
 
 
 class CrashLoop(RuntimeError):
@@ -91,6 +114,11 @@ class Supervisor:
             self._spawn(child)
 
     def _spawn(self, child: Child) -> None:
+        if child.spawn is not None:
+            child.proc = child.spawn()
+            child.starts += 1
+            child.restart_at = None
+            return
         out = open(child.log_path, "ab")  # noqa: SIM115 (handed to the child; closed below)
         child.instance = uuid.uuid4().hex
         env = {**self.env, **child.env, INSTANCE_ENV: child.instance}
@@ -121,21 +149,35 @@ class Supervisor:
         for child in self.children.values():
             if child.proc is not None and child.restart_at is None and child.proc.poll() is not None:
                 self._on_exit(child, now)
-            if child.restart_at is not None and now >= child.restart_at:
-                self._spawn(child)
-                assert child.proc is not None
-                self.say(child, f"{child.name} restarted (pid {child.proc.pid}, start {child.starts})")
-            if (
-                child.down_since is not None
-                and child.restart_at is None
-                and is_ready(child.ready_url, instance=child.instance)
-            ):
+            if child.restart_at is not None and now >= child.restart_at and not self._restart(child, now):
+                continue
+            if child.down_since is not None and child.restart_at is None and child.is_ready():
                 self.say(child, f"{child.name} ready again after {now - child.down_since:.1f} s down")
                 child.down_since = None
 
-    def _on_exit(self, child: Child, now: float) -> None:
+    def _restart(self, child: Child, now: float) -> bool:
+        """Start a child again; whether it runs (else it waits, or failed to start: a crash)."""
+        try:
+            self._spawn(child)
+        except NotNow as exc:
+            if str(exc) != child.waiting:
+                self.say(child, str(exc))
+                child.waiting = str(exc)
+            child.restart_at = now + exc.retry_in
+            return False
+        except Exception as exc:  # e.g. a data directory it cannot take over
+            child.restart_at = None
+            self._on_exit(child, now, f"failed to start ({exc})")
+            return False
+        child.waiting = ""
+        assert child.proc is not None
+        self.say(child, f"{child.name} restarted (pid {child.proc.pid}, start {child.starts})")
+        return True
+
+    def _on_exit(self, child: Child, now: float, how: str = "") -> None:
         assert child.proc is not None
         code = child.proc.returncode
+        how = how or f"exited with code {code}"
         delay = child.policy.crashed(now)
         if delay is None:
             self.say(
@@ -147,7 +189,7 @@ class Supervisor:
             raise CrashLoop(child.name)
         self.say(
             child,
-            f"{child.name} exited with code {code}; restarting in {delay:.1f} s "
+            f"{child.name} {how}; restarting in {delay:.1f} s "
             f"(crash {child.policy.recent} of {child.policy.max_crashes} allowed within "
             f"{child.policy.window:.0f} s)",
         )
@@ -156,17 +198,22 @@ class Supervisor:
             child.down_since = now
 
     def stop_all(self, grace: float = 15.0) -> None:
-        """SIGTERM every service's process group, SIGKILL what is left after ``grace`` seconds."""
-        live = [c.proc for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
-        for p in live:
-            _signal_group(p, signal.SIGTERM)
+        """SIGTERM every service's process group (each drains: its bus and database are still up,
+        ``karios up`` stops those after this returns), SIGKILL what is left after ``grace``
+        seconds — said on the console and in the logs, since that child did not drain."""
+        live = [c for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
+        for c in live:
+            assert c.proc is not None
+            _signal_group(c.proc, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for p in live:
+        for c in live:
+            assert c.proc is not None
             try:
-                p.wait(max(0.1, deadline - time.monotonic()))
+                c.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(p, signal.SIGKILL)
-                p.wait(5)
+                self.say(c, f"{c.name} did not stop within {grace:.0f} s of SIGTERM; killed")
+                _signal_group(c.proc, signal.SIGKILL)
+                c.proc.wait(5)
 
 
 def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:

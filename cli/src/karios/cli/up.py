@@ -14,11 +14,24 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from karios.cli.embedded import EmbeddedNats, EmbeddedPostgres, die_with_parent, free_port, nats_cluster
+from karios.cli.embedded import (
+    EmbeddedNats,
+    EmbeddedPostgres,
+    StartError,
+    die_with_parent,
+    free_port,
+    jetstream_space_problem,
+    nats_cluster,
+)
+from karios.cli.nats_auth import CREDENTIALS_FILE, CredentialsError, NatsCredentials, load_or_create
 from karios.cli.readiness import probe
-from karios.cli.services import SERVICES
+from karios.cli.services import SERVICES, serves_tls
 from karios.cli.supervisor import Child, CrashLoop, CrashPolicy, Supervisor, is_ready
+
+if TYPE_CHECKING:
+    from karios.common.settings import KariosSettings
 
 
 def state_dir() -> Path:
@@ -77,34 +90,60 @@ def otlp_env(env: dict[str, str], endpoint: str | None) -> dict[str, str]:
     return env
 
 
-def _print_ready(t0: float, state: Path, env: dict[str, str], host: str, gw: str, token: str) -> None:
-    from karios.cli.client.context import ClientContext, save_context
+def _print_ready(
+    t0: float,
+    state: Path,
+    env: dict[str, str],
+    host: str,
+    gw: str,
+    token: str,
+    context: str | None = None,
+    nats_login: str = "",
+) -> None:
+    from karios.cli.client.context import ClientContext, save_up_context
 
     # Every other verb (`karios provision`, `karios jobs --watch`, …) talks to this gateway.
-    ctx_path = save_context(ClientContext(url=gw, token=token, name="bootstrap-admin"))
+    ctx_path = save_up_context(ClientContext(url=gw, token=token, name="bootstrap-admin"), state, context)
+    # The URL first on its line (tests read it); never a NATS secret, only where it is kept.
     print(
         f"\nkarios: all services ready in {time.monotonic() - t0:.1f}s (state in {state})\n"
-        f"  NATS      {env['KARIOS_NATS_URL']}\n"
+        f"  NATS      {env['KARIOS_NATS_URL']}{nats_login}\n"
         f"  API       {gw}/docs\n"
         f"  admin token (dev mode): {token}\n"
         f"  events:   curl -N -H 'Authorization: Bearer {token}' {gw}/controlnode/events\n"
-        f"  CLI:      karios nodes | karios provision BMC --watch | karios jobs (context in {ctx_path})\n"
+        f"  CLI:      karios nodes | karios provision BMC --watch | karios jobs ({ctx_path})\n"
         "A crashed service is restarted (see logs/karios.log). Ctrl-C stops everything.",
         flush=True,
     )
 
 
-async def _create_streams(servers: list[str], prefix: str, replicas: str) -> None:
+async def _create_streams(
+    servers: list[str], prefix: str, replicas: str, events_max_bytes: int, creds: NatsCredentials
+) -> None:
     import nats
 
     from karios.common.bus.streams import ensure_streams
     from karios.common.bus.subjects import Subjects
 
-    nc = await nats.connect(servers)
+    nc = await nats.connect(servers, user=creds.user, password=creds.password)
     try:
-        await ensure_streams(nc.jetstream(), Subjects(prefix), int(replicas))
+        await ensure_streams(nc.jetstream(), Subjects(prefix), int(replicas), events_max_bytes)
     finally:
         await nc.close()
+
+
+def _settings() -> KariosSettings:
+    """The shared settings as the services will read them (ports, host, stream sizes); an invalid
+    value is a start-up error naming the variable, not a traceback."""
+    from pydantic import ValidationError
+
+    from karios.common.settings import KariosSettings
+
+    try:
+        return KariosSettings(_env_file=None, **{"dev_mode": True})
+    except ValidationError as exc:
+        bad = "; ".join(f"KARIOS_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        raise StartError(f"invalid setting: {bad}") from None
 
 
 class Up:
@@ -121,6 +160,8 @@ class Up:
         self.logs.mkdir(exist_ok=True)
         self.sup = Supervisor(self.env, self.logs, preexec=die_with_parent)
         self.nats: EmbeddedNats | None = None
+        #: The embedded NATS's logins (none against a configured KARIOS_NATS_URL).
+        self.nats_credentials: NatsCredentials | None = None
         self.pg: EmbeddedPostgres | None = None
         self.stopping = False
         # `--cluster N`: N clustered nats-servers (supervised like the services, stopped after
@@ -128,9 +169,14 @@ class Up:
         self.cluster = int(getattr(args, "cluster", 0) or 0)
         self.replicas = int(getattr(args, "replicas", 0) or (2 if self.cluster else 1))
         self.nats_sup = Supervisor(self.env, self.logs, preexec=die_with_parent)
+        # The embedded NATS (without --cluster) and PostgreSQL: restarted like the services when
+        # they die (same ports, data directory and socket), stopped by their own stop() last.
+        self.embedded = Supervisor(self.env, self.logs)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        # Ctrl-C stops even when started with SIGINT ignored (a shell's background job, nohup).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             self._start_backends()
             host, urls = self._add_services()
@@ -138,11 +184,18 @@ class Up:
             if not self._wait_all_ready(urls):
                 self.shutdown()
                 return 1
-            _print_ready(self.t0, self.state, self.env, host, urls["api-gateway"], self.admin_token)
+            _print_ready(
+                self.t0, self.state, self.env, host, urls["api-gateway"], self.admin_token,
+                getattr(self.args, "context", None), self._nats_login_note(),
+            )  # fmt: skip
             return self._supervise()
         except KeyboardInterrupt:
             self.shutdown()
             return 0
+        except StartError as exc:  # e.g. the state directory in use by another `karios up`
+            print(f"karios: {exc}", file=sys.stderr, flush=True)
+            self.shutdown()
+            return 1
         except Exception:
             self.shutdown()
             raise
@@ -155,6 +208,9 @@ class Up:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("\nkarios: stopping…", flush=True)
+        # The order matters: the services drain while their NATS and PostgreSQL still run (a
+        # service that loses them mid-stop logs "Application shutdown failed"), then the
+        # embedded servers stop.
         self.sup.stop_all()
         self.nats_sup.stop_all()
         if self.nats:
@@ -165,30 +221,70 @@ class Up:
 
     def _start_backends(self) -> None:
         """Embedded NATS / PostgreSQL unless the environment names servers; the database exists."""
-        if self.cluster and not self.env.get("KARIOS_NATS_URL"):
+        embedded_nats = not self.env.get("KARIOS_NATS_URL")
+        if embedded_nats:
+            self.nats_credentials = self._nats_login()
+        if self.cluster and embedded_nats:
             self._start_nats_cluster()
-        elif not self.env.get("KARIOS_NATS_URL"):
-            self.nats = EmbeddedNats(self.state)
+        elif embedded_nats:
+            self.nats = EmbeddedNats(self.state, self.nats_credentials)
+            self._check_jetstream_space([self.nats.store])
             self.env["KARIOS_NATS_URL"] = self.nats.start()
+            self.embedded.add(
+                Child(
+                    "nats", [], self.nats.log_path, self.nats.ready_url, policy=self._policy(),
+                    proc=self.nats.proc, starts=1,
+                    spawn=self.nats.spawn, ready=lambda url=self.nats.ready_url: is_ready(url),
+                )
+            )  # fmt: skip
         if not self.env.get("KARIOS_DATABASE_URL"):
-            self.pg = EmbeddedPostgres(self.state)
+            # What a killed run left (a stale postmaster.pid, a live orphan) is said in karios.log too.
+            self.pg = EmbeddedPostgres(self.state, say=lambda message: self.sup.say(None, message))
             self.env["KARIOS_DATABASE_URL"] = self.pg.start()
+            self.embedded.add(
+                Child(
+                    "postgresql", [], self.pg.dir / "log", "", policy=self._policy(),
+                    proc=self.pg.proc, starts=1, spawn=self.pg.respawn, ready=self.pg.ready,
+                )
+            )  # fmt: skip
         from karios.common.db.migrate import ensure_database
 
         asyncio.run(ensure_database(self.env["KARIOS_DATABASE_URL"]))
 
+    def _nats_login(self) -> NatsCredentials:
+        """The embedded NATS's credentials (made on the first start, kept in the state directory)
+        for every service: ``KARIOS_NATS_USER`` / ``KARIOS_NATS_PASSWORD``, never in the URL."""
+        try:
+            creds = load_or_create(self.state)
+        except CredentialsError as exc:
+            raise StartError(str(exc)) from None
+        self.env["KARIOS_NATS_USER"] = creds.user
+        self.env["KARIOS_NATS_PASSWORD"] = creds.password
+        return creds
+
+    def _nats_login_note(self) -> str:
+        """Where a client finds the embedded NATS's login (its user and file, never the password)."""
+        if self.nats_credentials is None:
+            return ""
+        return f"  (user {self.nats_credentials.user}, password in {self.state / CREDENTIALS_FILE})"
+
     def _start_nats_cluster(self) -> None:
         """N nats-servers routed to each other; every service gets all N URLs (nats-py moves to
-        another server when its own dies) and streams replicated on min(N, 3) of them."""
+        another server when its own dies) and streams replicated on min(N, 3) of them. Routes
+        and clients log in (the config file of each node, 0600)."""
+        assert self.nats_credentials is not None
         nodes = nats_cluster(self.state, self.cluster)
+        self._check_jetstream_space([node.store for node in nodes])
         for node in nodes:
+            node.write_config(nodes, self.nats_credentials)
             self.nats_sup.add(
                 Child(
                     node.name,
-                    node.argv(nodes),
+                    node.argv(nodes, config=True),
                     self.logs / f"{node.name}.log",
                     node.ready_url,
-                    policy=CrashPolicy(max_crashes=self.args.max_crashes, window=self.args.crash_window),
+                    policy=self._policy(),
+                    ready=lambda url=node.ready_url: is_ready(url),  # nats-server: no instance header
                 )
             )
         self.nats_sup.start_all()
@@ -199,16 +295,39 @@ class Up:
         self.env["KARIOS_NATS_URL"] = ",".join(n.url for n in nodes)
         self.env.setdefault("KARIOS_BUS_REPLICAS", str(min(3, self.cluster)))
         # The replicated streams once, before ten services race to create them on a new cluster.
-        prefix = self.env.get("KARIOS_BUS_PREFIX", "karios")
-        asyncio.run(_create_streams([n.url for n in nodes], prefix, self.env["KARIOS_BUS_REPLICAS"]))
+        settings = _settings()
+        asyncio.run(
+            _create_streams(
+                [n.url for n in nodes],
+                settings.bus_prefix,
+                self.env["KARIOS_BUS_REPLICAS"],
+                int(settings.bus_events_max_bytes),
+                self.nats_credentials,
+            )
+        )
         print(f"  NATS cluster of {self.cluster} ready ({self.env['KARIOS_NATS_URL']})", flush=True)
+
+    def _policy(self) -> CrashPolicy:
+        return CrashPolicy(max_crashes=self.args.max_crashes, window=self.args.crash_window)
+
+    def _check_jetstream_space(self, stores: list[Path]) -> None:
+        """The streams' size limits fit the state directory, or a start-up error naming the
+        setting to lower, at once (nats-server would refuse to create the event stream, and the
+        services would never get ready)."""
+        from karios.common.bus.streams import stream_configs
+        from karios.common.bus.subjects import Subjects
+
+        settings = _settings()
+        configs = stream_configs(Subjects(settings.bus_prefix), 1, int(settings.bus_events_max_bytes))
+        streams = {c.name: int(c.max_bytes or 0) for c in configs}
+        for store in stores:
+            if problem := jetstream_space_problem(store, streams):
+                raise StartError(problem)
 
     def _add_services(self) -> tuple[str, dict[str, str]]:
         """One supervised child per service replica (replica 1 on the configured port, the others
         on free ones, named ``<service>-<n>``); returns the host and each child's base URL."""
-        from karios.common.settings import KariosSettings
-
-        settings = KariosSettings(_env_file=None, **{"dev_mode": True})  # ports/host as configured
+        settings = _settings()  # ports/host as configured
         host = self.env.get("KARIOS_HOST", settings.host)
         urls = {}
         for name, spec in SERVICES.items():
@@ -216,14 +335,15 @@ class Up:
             for n in range(1, self.replicas + 1):
                 port = int(self.env.get(var, getattr(settings, spec.port_setting))) if n == 1 else free_port()
                 child = name if n == 1 else f"{name}-{n}"
-                urls[child] = f"http://{host}:{port}"
+                scheme = "https" if serves_tls(name, settings) else "http"  # KARIOS_TLS_CERTFILE
+                urls[child] = f"{scheme}://{host}:{port}"
                 self.sup.add(
                     Child(
                         child,
                         [sys.executable, "-m", "karios.cli", "run", name],
                         self.logs / f"{child}.log",
                         f"{urls[child]}/readyz",
-                        policy=CrashPolicy(max_crashes=self.args.max_crashes, window=self.args.crash_window),
+                        policy=self._policy(),
                         env={var: str(port)},
                     )
                 )
@@ -239,9 +359,9 @@ class Up:
         pending = dict(self.sup.children)
         while pending:
             try:
-                self.sup.poll()
+                self._poll_all()
             except CrashLoop as exc:
-                child = self.sup.children[str(exc)]
+                child = self._child(str(exc))
                 print(
                     f"karios: {child.name} failed to start{_foreign(child)}; see {child.log_path}",
                     file=sys.stderr,
@@ -257,7 +377,8 @@ class Up:
                     print(
                         f"karios: {name} failed to start: not ready in {self.args.timeout:.0f} s"
                         f"{_foreign(child)}; "
-                        f"see {child.log_path}",
+                        f"see {child.log_path}; a loaded machine may need longer: "
+                        f"--timeout {max(300, 2 * self.args.timeout):.0f}",
                         file=sys.stderr,
                     )
                 return False
@@ -269,15 +390,28 @@ class Up:
         """Restart crashed children until a crash loop (exit 1) or a signal (KeyboardInterrupt)."""
         while True:
             try:
-                self.nats_sup.poll()
-                self.sup.poll()
+                self._poll_all()
             except CrashLoop:
                 self.shutdown()
                 return 1
             time.sleep(0.5)
 
+    def _poll_all(self) -> None:
+        """One supervision step of everything: the servers first (a service waits for them)."""
+        self.nats_sup.poll()
+        self.embedded.poll()
+        self.sup.poll()
+
+    def _child(self, name: str) -> Child:
+        for sup in (self.sup, self.nats_sup, self.embedded):
+            if name in sup.children:
+                return sup.children[name]
+        raise KeyError(name)
+
 
 def _foreign(child: Child) -> str:
     """ ", its port is held by another process …" when another process answers its readiness URL."""
+    if not child.ready_url.startswith("http"):
+        return ""
     ok, said = probe(child.ready_url, 1.0, child.instance)
     return f": {child.ready_url} is {said}" if not ok and said.startswith("answered by another") else ""

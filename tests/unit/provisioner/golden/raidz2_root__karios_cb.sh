@@ -10,6 +10,10 @@ SPOOL=${KARIOS_SPOOL:-/var/spool/karios}  # overridable for tests, like the path
 SYSLOG=${KARIOS_SYSLOG:-/var/log/syslog}
 HERE=${KARIOS_DIR:-/karios}
 RETRY_FOR=300
+# Where a failed install powers the server off (like the image path): the kernel's sysrq trigger,
+# only inside the installer (its /lib/debian-installer.d); tests point KARIOS_SYSRQ at a file.
+SYSRQ=${KARIOS_SYSRQ:-}
+[ -n "$SYSRQ" ] || { [ -d /lib/debian-installer.d ] && SYSRQ=/proc/sysrq-trigger; }
 # The stages, in order, as "key:percent:state" (state sent with the step).
 STAGES='network:52:done mirror:56:done partitioning:60:active base-system:68:active packages:76:active bootloader:84:active late-command:88:active'
 
@@ -196,6 +200,10 @@ case "$1" in
   failed)
     failed "$2" "${3:-install}"
     drain
+    # The report is out (or given up after RETRY_FOR): power off rather than sit at the question.
+    log "install failed: powering off"
+    sync
+    [ -z "$SYSRQ" ] || echo o >"$SYSRQ"
     ;;
   late-command)
     stage late-command

@@ -3,24 +3,16 @@ sentence a person can act on (no stack traces), with the exit code to leave with
 
 from __future__ import annotations
 
+import os
+import ssl
 from typing import Any
 
 import httpx
 
 from karios.cli.client.context import ClientContext
+from karios.cli.client.errors import CliError
 
-
-class CliError(Exception):
-    """An error to print as ``karios: <message>`` and exit with ``code``. An HTTP error answer
-    keeps its status and JSON body (``body``: the gateway's ``code``, ``field``, ``details``) for
-    a verb that has more to say about it (``karios fabric set`` on a switch ack)."""
-
-    def __init__(self, message: str, code: int = 1, *, status: int = 0, body: Any = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.status = status
-        self.body = body
+__all__ = ["Api", "CliError"]
 
 
 def _json_body(resp: httpx.Response) -> Any:
@@ -44,6 +36,20 @@ def _error_message(resp: httpx.Response) -> str:
     return str(body)[:300]
 
 
+def tls_verify() -> ssl.SSLContext | bool:
+    """How an https gateway URL is verified: against ``KARIOS_TLS_CA_BUNDLE`` when set (a private
+    CA or the gateway's self-signed certificate), else the system's trust store."""
+    ca = os.environ.get("KARIOS_TLS_CA_BUNDLE", "").strip()
+    if not ca:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise CliError(
+            f"KARIOS_TLS_CA_BUNDLE {ca}: not a readable PEM file of CA certificates ({exc})", 2
+        ) from None
+
+
 class Api:
     def __init__(self, ctx: ClientContext, *, timeout: float = 30.0) -> None:
         if not ctx.url:
@@ -54,7 +60,7 @@ class Api:
         headers = {"Accept": "application/json"}
         if ctx.token:
             headers["Authorization"] = f"Bearer {ctx.token}"
-        self.client = httpx.Client(base_url=ctx.url, headers=headers, timeout=timeout)
+        self.client = httpx.Client(base_url=ctx.url, headers=headers, timeout=timeout, verify=tls_verify())
 
     def close(self) -> None:
         self.client.close()

@@ -1,13 +1,18 @@
 """The client verbs (typer): each is one or two gateway calls plus a table, JSON or live progress.
 
 ``--output json`` (on the root: ``karios --output json jobs``) prints the gateway's JSON as is, for
-scripts. Errors print one ``karios: …`` line and exit non-zero (2 unreachable, 3 auth, 4 busy).
+scripts; ``-o wide`` full ids on a terminal (a pipe always gets them). ``--context NAME`` picks the
+gateway (:mod:`~karios.cli.client.context`). A job is named by its id or a unique prefix
+(:func:`resolve_job`). Errors print one ``karios: …`` line and exit non-zero (2 unreachable or a
+usage error, 3 auth, 4 busy).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,34 +20,81 @@ import typer
 from rich.table import Table
 
 from karios.cli.client.api import Api, CliError
-from karios.cli.client.context import ClientContext, save_context
-from karios.cli.client.shared import STATE, Watch, api, console, emit, table
+from karios.cli.client.context import (
+    ClientContext,
+    context_names,
+    load_context,
+    named_path,
+    save_context,
+    selected_name,
+)
+from karios.cli.client.shared import STATE, App, Watch, api, console, emit, table
 from karios.cli.client.sse import stream
-from karios.cli.client.watch import watch_jobs
+from karios.cli.client.watch import STATE_ORDER, watch_jobs
 
-token_app = typer.Typer(help="API tokens (create, rotate, list, revoke) via the gateway; needs fabric_admin")
-job_app = typer.Typer(help="one job: show or cancel")
-nodes_app = typer.Typer(help="compute nodes: list, adopt, show, remove")
+token_app = App(help="API tokens via the gateway: create, rotate, list, revoke (needs fabric_admin)")
+job_app = App(help="one job, by its id or a unique prefix of it: show, cancel")
+nodes_app = App(help="compute nodes: list (also plain `karios nodes`), adopt, show, remove")
+context_app = App(help="client contexts (gateway URL + token) on this machine: list, show")
+
+JobRef = Annotated[
+    str, typer.Argument(metavar="JOB", help="a job id, or its first characters (unique among all jobs)")
+]
+NodeIp = Annotated[str, typer.Argument(metavar="NODE_IP", help="the node's OS (SSH) address")]
+TokenName = Annotated[str, typer.Argument(metavar="NAME", help="the token's name")]
 
 
 def login(
-    url: Annotated[str, typer.Argument(help="the gateway, e.g. http://10.0.0.5:8080")],
+    url: Annotated[str, typer.Argument(metavar="URL", help="the gateway, e.g. http://10.0.0.5:8080")],
     token: Annotated[str, typer.Option(prompt=True, hide_input=True, help="an API token (kt_…)")],
 ) -> None:
-    """Check URL + token against the gateway and keep them in the client context (mode 0600)."""
+    """Check URL + token against the gateway and keep them in the client context (mode 0600):
+    the default one, or the one `karios --context NAME` / KARIOS_CONTEXT names."""
     ctx = ClientContext(url=url.rstrip("/"), token=token)
     with Api(ctx) as a:
         me = a.get("/controlnode/tokens/self")
     ctx.name = me["name"]
-    path = save_context(ctx)
-    console.print(f"logged in to {ctx.url} as {me['name']} ({me['role']}); context in {path}")
+    name = selected_name(STATE.get("context"))
+    path = save_context(ctx, name=name)
+    console.print(f"logged in to {ctx.url} as {me['name']} ({me['role']}); context {name} in {path}")
 
 
-@nodes_app.callback(invoke_without_command=True)
-def nodes(ctx: typer.Context) -> None:
+@context_app.command("list")
+def context_list() -> None:
+    """The contexts on this machine: name, gateway URL, token name (never the token)."""
+    chosen = selected_name(STATE.get("context"))
+    rows = []
+    for name in context_names():
+        try:
+            data = json.loads(named_path(name).read_text())
+        except (OSError, ValueError):
+            data = {}
+        rows.append(
+            {
+                "selected": "*" if name == chosen else "",
+                "context": name,
+                "url": data.get("url", ""),
+                "token_name": data.get("name", ""),
+                "file": str(named_path(name)),
+            }
+        )
+    emit(
+        rows,
+        table("contexts (--context NAME / KARIOS_CONTEXT)", rows, list(rows[0]) if rows else ["context"]),
+    )
+
+
+@context_app.command("show")
+def context_show() -> None:
+    """The selected context: its name, file and gateway URL (KARIOS_URL/KARIOS_TOKEN applied)."""
+    name = selected_name(STATE.get("context"))
+    ctx = load_context(name)
+    r = {"context": name, "file": str(named_path(name)), "url": ctx.url, "token_name": ctx.name}
+    emit(r, table("context", [r], list(r)))
+
+
+def nodes_list() -> None:
     """The fabric's compute nodes (adopted, registered at first boot, or by BMC with an OS IP)."""
-    if ctx.invoked_subcommand is not None:
-        return
     with api() as a:
         data = a.get("/controlnode/nodes", params={"limit": 1000})
     rows = data.get("items", data) if isinstance(data, dict) else data
@@ -50,9 +102,19 @@ def nodes(ctx: typer.Context) -> None:
     emit(data, table("nodes", rows, cols))
 
 
+@nodes_app.callback(invoke_without_command=True)
+def nodes(ctx: typer.Context) -> None:
+    """The fabric's compute nodes (adopted, registered at first boot, or by BMC with an OS IP)."""
+    if ctx.invoked_subcommand is None:
+        nodes_list()
+
+
+nodes_app.command("list")(nodes_list)
+
+
 @nodes_app.command("adopt")
 def nodes_adopt(
-    node_ip: Annotated[str, typer.Argument(help="the installed node's OS (SSH) address")],
+    node_ip: Annotated[str, typer.Argument(metavar="NODE_IP", help="the installed node's OS (SSH) address")],
     user: Annotated[str, typer.Option(help="SSH user (root or passwordless sudo)")] = "root",
     key: Annotated[Path | None, typer.Option(help="an OpenSSH private key file")] = None,
     password_stdin: Annotated[bool, typer.Option(help="read the SSH password from stdin")] = False,
@@ -91,7 +153,8 @@ def nodes_adopt(
 
 
 @nodes_app.command("show")
-def nodes_show(node_ip: str) -> None:
+def nodes_show(node_ip: NodeIp) -> None:
+    """One compute node: addresses, how it was added, its pinned host key, its fabric state."""
     with api() as a:
         r = a.get(f"/controlnode/nodes/{node_ip}")
     t = Table(title=f"node {node_ip}", show_header=False)
@@ -101,15 +164,31 @@ def nodes_show(node_ip: str) -> None:
 
 
 @nodes_app.command("remove")
-def nodes_remove(node_ip: str) -> None:
+def nodes_remove(node_ip: NodeIp) -> None:
     """Remove a compute node (refused while it holds fabric state: tear it down first)."""
     with api() as a:
         r = a.delete(f"/controlnode/nodes/{node_ip}")
     emit(r or {"node_ip": node_ip, "removed": True})
 
 
+def _until_state(value: str) -> str:
+    if value and value not in STATE_ORDER:
+        raise typer.BadParameter(f"{value!r} is not a job state; one of: {', '.join(STATE_ORDER)}")
+    return value
+
+
+Until = Annotated[
+    str,
+    typer.Option(
+        metavar="STATE",
+        callback=_until_state,
+        help=f"with --watch: stop once the job reaches this state ({', '.join(STATE_ORDER)})",
+    ),
+]
+
+
 def provision(
-    bmc: Annotated[str, typer.Argument(help="the BMC's IP address (as in the inventory)")],
+    bmc: Annotated[str, typer.Argument(metavar="BMC", help="the BMC's IP address (as in the inventory)")],
     vendor: Annotated[
         str, typer.Option(help="BMC driver: generic, dell, hp, lenovo, supermicro, cisco")
     ] = "generic",
@@ -120,7 +199,7 @@ def provision(
         str, typer.Option(help="install method: image or preseed (default: deployment's)")
     ] = "",
     watch: Watch = False,
-    until: Annotated[str, typer.Option(help="with --watch: stop once the job reaches this state")] = "",
+    until: Until = "",
 ) -> None:
     """Provision a server by its BMC address; --watch follows it."""
     body: dict[str, Any] = {"bmc_IP": bmc, "vendor": vendor, "debian_version": os}
@@ -140,40 +219,137 @@ def provision(
 
 
 def unprovision(
-    bmc: Annotated[str, typer.Argument(help="the BMC's IP address")],
+    bmc: Annotated[str, typer.Argument(metavar="BMC", help="the BMC's IP address")],
     vendor: Annotated[str, typer.Option(help="BMC driver")] = "generic",
     watch: Watch = False,
+    until: Until = "",
 ) -> None:
-    """Wipe a server's disks and leave its BMC clean."""
+    """Wipe a server's disks and leave its BMC clean; --watch follows it."""
     with api() as a:
         acc = a.post("/controlnode/unprovision", json={"bmc_ip": bmc, "vendor": vendor})
         if not watch:
             emit(acc, table("accepted", [acc], ["job_id", "status", "message"]))
             return
-        raise typer.Exit(watch_jobs(a, [acc["job_id"]], console))
+        console.print(f"job {acc['job_id']} accepted for {bmc}")
+        raise typer.Exit(watch_jobs(a, [acc["job_id"]], console, until=until or None))
 
 
-def jobs(watch: Watch = False) -> None:
-    """Queued and active provisioning jobs; --watch follows the active ones."""
+_SINCE = re.compile(r"(\d+)\s*([smhdw])")
+_UNIT = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """``--since``: a duration back from now (``90s``, ``30m``, ``2h``, ``1d``, ``1w``) or an ISO 8601
+    date/time (without a zone: this machine's local time)."""
+    text = text.strip()
+    m = _SINCE.fullmatch(text)
+    if m:
+        return (now or datetime.now(UTC)) - timedelta(**{_UNIT[m.group(2)]: int(m.group(1))})
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise CliError(
+            f"--since {text!r}: expected a duration (30m, 2h, 1d, 1w) or an ISO date/time (2026-12-04T10:00)",
+            2,
+        ) from None
+    return when if when.tzinfo else when.astimezone()
+
+
+JOB_COLUMNS = ["id", "bmc_ip", "job_type", "status", "job_status", "progress", "created_at", "message"]
+
+
+def jobs(
+    watch: Watch = False,
+    all_: Annotated[
+        bool, typer.Option("--all", "-a", help="history: every job, ended ones too (newest first)")
+    ] = False,
+    since: Annotated[
+        str, typer.Option(metavar="WHEN", help="history since 30m, 2h, 1d, 1w or an ISO date/time")
+    ] = "",
+    status: Annotated[
+        list[str],
+        typer.Option(help="history: only this status (running, completed, failed, cancelled, stuck)"),
+    ] = [],  # noqa: B006
+    bmc: Annotated[str, typer.Option(metavar="BMC", help="history: only this BMC's jobs")] = "",
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="history: at most this many jobs")] = 50,
+) -> None:
+    """Queued and active provisioning jobs; --all/--since/--status/--bmc: the history. --watch
+    follows every active job and each one started while it runs, until Ctrl-C."""
+    history = all_ or since or status or bmc
+    if watch and history:
+        raise CliError("--watch follows the active jobs; it does not go with --all/--since/--status/--bmc", 2)
     with api() as a:
+        if history:
+            params: dict[str, Any] = {"limit": limit, "status": status}
+            if since:
+                params["since"] = parse_since(since).isoformat()
+            if bmc:
+                params["bmc_ip"] = bmc
+            page = a.get("/controlnode/jobs", params=params)
+            title = f"jobs: {len(page['items'])} of {page['total']}" + (f" since {since}" if since else "")
+            emit(page, table(title, page["items"], JOB_COLUMNS))
+            return
         q = a.get("/controlnode/provision/queue")
         if not watch:
             cols = ["job_id", "bmc_ip", "job_type", "state", "position", "created_at"]
-            emit(q, table(f"jobs: {q['active']} active, {q['queued']} queued", q["entries"], cols))
+            title = f"jobs: {q['active']} active, {q['queued']} queued (history: --all, --since)"
+            emit(q, table(title, q["entries"], cols))
             return
         ids = [e["job_id"] for e in q["entries"]]
-        if not ids:
-            console.print("no active or queued jobs")
-            return
-        raise typer.Exit(watch_jobs(a, ids, console))
+        console.print(
+            f"following {len(ids)} active job(s) and every new one (Ctrl-C stops)"
+            if ids
+            else "no active or queued jobs: following new ones (Ctrl-C stops)"
+        )
+        raise typer.Exit(watch_jobs(a, ids, console, follow_new=True))
+
+
+def resolve_job(a: Api, ref: str) -> str:
+    """The job id `ref` names: itself, or the one job whose id starts with it. No job → a 404-style
+    error; several → an error listing them (give more characters)."""
+    ref = ref.strip()
+    if not ref:
+        raise CliError("a job id (or its first characters) is needed", 2)
+    try:
+        page = a.get("/controlnode/jobs", params={"id_prefix": ref, "limit": 10})
+    except CliError as err:
+        if err.status in (404, 405) and not (isinstance(err.body, dict) and err.body.get("code")):
+            return ref  # a gateway without GET /controlnode/jobs: the id as given
+        raise
+    items = page.get("items") or []
+    if any(j.get("id") == ref for j in items):
+        return ref
+    if not items:
+        raise CliError(
+            f"no job {ref!r} (404): no job id is or starts with it; `karios jobs --all` lists them",
+            1,
+            status=404,
+        )
+    total = int(page.get("total") or len(items))
+    if total > 1:
+        listed = "; ".join(
+            f"{j['id']} ({j.get('bmc_ip', '')} {j.get('job_type', '')} {j.get('status', '')}, "
+            f"{str(j.get('created_at', ''))[:19]})"
+            for j in items
+        )
+        more = f"; and {total - len(items)} more" if total > len(items) else ""
+        raise CliError(
+            f"job id prefix {ref!r} is ambiguous: {total} jobs start with it: {listed}{more}; "
+            "give more characters",
+            1,
+        )
+    return str(items[0]["id"])
 
 
 @job_app.command("show")
-def job_show(job_id: str) -> None:
+def job_show(job_id: JobRef) -> None:
     """A job's state, progress, message and the installer's last log lines."""
     with api() as a:
+        job_id = resolve_job(a, job_id)
         j = a.get(f"/controlnode/job/{job_id}")
     t = Table(title=f"job {job_id}", show_header=False)
+    t.add_column(no_wrap=True)
+    t.add_column(overflow="fold")
     for k in (
         "job_type",
         "bmc_ip",
@@ -191,16 +367,17 @@ def job_show(job_id: str) -> None:
 
 
 @job_app.command("cancel")
-def job_cancel(job_id: str) -> None:
+def job_cancel(job_id: JobRef) -> None:
     """Cancel a job (its BMC is left clean)."""
     with api() as a:
+        job_id = resolve_job(a, job_id)
         r = a.post(f"/controlnode/job/{job_id}/cancel")
     emit(r, table("cancel", [r or {}], ["job_id", "status", "message"]))
 
 
 @token_app.command("create")
 def token_create(
-    name: str,
+    name: TokenName,
     role: Annotated[str, typer.Option(help="viewer | operator | fabric_admin")] = "operator",
 ) -> None:
     """Create a token; it is printed once. A live token of that name is refused (rotate it)."""
@@ -211,7 +388,7 @@ def token_create(
 
 @token_app.command("rotate")
 def token_rotate(
-    name: str,
+    name: TokenName,
     role: Annotated[str | None, typer.Option(help="a new role (viewer | operator | fabric_admin)")] = None,
 ) -> None:
     """A new secret for the token NAME (role kept unless --role); the old one stops working."""
@@ -229,13 +406,15 @@ def _print_token(r: Any) -> None:
 
 @token_app.command("list")
 def token_list() -> None:
+    """Every token: name, role, when created, whether revoked (never the secret)."""
     with api() as a:
         r = a.get("/controlnode/tokens")
     emit(r, table("tokens", r, ["name", "role", "created_at", "revoked"]))
 
 
 @token_app.command("revoke")
-def token_revoke(name: str) -> None:
+def token_revoke(name: TokenName) -> None:
+    """Revoke the token NAME: it stops working at once."""
     with api() as a:
         r = a.delete(f"/controlnode/tokens/{name}")
     emit(r, table("revoked", [r], ["name", "role", "revoked"]))

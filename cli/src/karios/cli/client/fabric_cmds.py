@@ -12,13 +12,17 @@ from rich.table import Table
 from karios.cli.client.api import CliError
 from karios.cli.client.fabric_ack import ack_fields, needs_ack, show_ack_needed
 from karios.cli.client.fabric_diff import fetch_diff, preview, show_diff
-from karios.cli.client.shared import STATE, Watch, api, body_from, console, emit, table
+from karios.cli.client.shared import STATE, App, Watch, api, body_from, console, emit, table
 from karios.cli.client.watch import watch_fabric
 
-fabric_app = typer.Typer(help="the EVPN/VXLAN fabric: show, plan, preflight, diff, apply, cancel, teardown")
+fabric_app = App(
+    help="the EVPN/VXLAN fabric: show, set, plan, preflight, diff, apply, status, cancel, teardown"
+)
 
 
-Pairs = Annotated[list[str], typer.Argument(help="fields as key=value (values parsed as YAML)")]
+Pairs = Annotated[
+    list[str], typer.Argument(metavar="KEY=VALUE...", help="fields as key=value (values parsed as YAML)")
+]
 FileOpt = Annotated[Path | None, typer.Option("--file", "-f", help="fields from a JSON/YAML file")]
 
 
@@ -120,7 +124,10 @@ def fabric_apply(
 
 
 @fabric_app.command("cancel")
-def fabric_cancel(job_id: str, watch: Watch = False) -> None:
+def fabric_cancel(
+    job_id: Annotated[str, typer.Argument(metavar="JOB", help="the apply's job id (fabric status shows it)")],
+    watch: Watch = False,
+) -> None:
     """Cancel an in-flight apply (nodes roll back)."""
     with api() as a:
         r = a.post(f"/controlnode/fabric-config/apply/{job_id}/cancel")

@@ -27,9 +27,11 @@ class SseEvent:
 
 
 def parse_lines(lines: Iterator[str]) -> Iterator[SseEvent | None]:
-    """SSE wire format → events; ``None`` for a comment (``: connected``, keep-alives)."""
+    """SSE wire format → events; ``None`` for a comment (``: connected``, keep-alives); an event
+    named ``""`` for a frame with an id and no data: the gateway's first frame, the stream's
+    position when the client joined (the resume point before any event has arrived)."""
     ev_id: int | None = None
-    name, data = "message", []
+    name, data, id_seen = "message", [], False
     for line in lines:
         if line == "":
             if data:
@@ -38,7 +40,9 @@ def parse_lines(lines: Iterator[str]) -> Iterator[SseEvent | None]:
                 except ValueError:
                     body = {"text": "\n".join(data)}
                 yield SseEvent(ev_id, name, body if isinstance(body, dict) else {"value": body})
-            name, data = "message", []
+            elif id_seen:
+                yield SseEvent(ev_id, "", {})
+            name, data, id_seen = "message", [], False
             continue
         if line.startswith(":"):
             yield None
@@ -46,7 +50,7 @@ def parse_lines(lines: Iterator[str]) -> Iterator[SseEvent | None]:
         key, _, value = line.partition(":")
         value = value[1:] if value.startswith(" ") else value
         if key == "id" and value.isdigit():
-            ev_id = int(value)
+            ev_id, id_seen = int(value), True
         elif key == "event":
             name = value
         elif key == "data":
@@ -64,7 +68,7 @@ def stream(
     """Events on ``channels`` until ``stop()``; reconnects (with resume) after drops and 503s.
     ``on_connect`` runs once the stream is open, so a caller can read state without a gap."""
     params = [("channel", c) for c in channels]
-    backoff = 0.5
+    backoff, connected = 0.5, False
     while not stop():
         headers = {"Accept": "text/event-stream"}
         if last_event_id is not None:
@@ -82,7 +86,7 @@ def stream(
                     api.check(resp, "GET", "/controlnode/events")
                 if resp.status_code == 503:
                     raise httpx.TransportError("event stream unavailable (503)")
-                backoff = 0.5
+                backoff, connected = 0.5, True
                 if on_connect is not None:
                     on_connect()
                     on_connect = None
@@ -90,6 +94,8 @@ def stream(
                     if ev is not None:
                         if ev.id is not None:
                             last_event_id = ev.id
+                        if ev.name == "":  # the position marker: a resume point, not an event
+                            continue
                         if ev.name == "reconnect":
                             break
                         yield ev
@@ -97,6 +103,17 @@ def stream(
                         return
         except CliError:
             raise
+        except httpx.ConnectError as exc:
+            if not connected:  # never reached: say so (exit 2) instead of retrying for ever
+                raise CliError(
+                    f"cannot reach the gateway at {api.ctx.url} ({exc}); is `karios up` running, "
+                    "or is the URL wrong (`karios login URL`)?",
+                    2,
+                ) from None
+            if stop():
+                return
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
         except httpx.HTTPError:
             if stop():
                 return

@@ -9,24 +9,48 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from karios.cli.client.api import Api
+from karios.cli.client.errors import CliError
+from karios.cli.client.shared import SHORT_ID, print_table, show_id
 from karios.cli.client.sse import stream
 
 #: The provision state machine's order (karios.provisioner.statemachine), for ``--until``.
 STATE_ORDER = ("queued", "building_media", "mounting", "booting", "installing", "first_boot", "completed")
 FAILED = frozenset({"failed", "cancelled"})
+#: Where a job ends (``stuck`` does not: the job comes back when the installer reports again).
+ENDED = frozenset({"completed", "failed", "cancelled"})
+
+
+def check_until(until: str | None) -> str | None:
+    """``--until`` must name a state the job passes through (else it would wait forever)."""
+    if until and until not in STATE_ORDER:
+        raise CliError(f"--until {until!r} is not a job state; one of: {', '.join(STATE_ORDER)}", 2)
+    return until or None
 
 
 def reached(state: str, until: str) -> bool:
     if state not in STATE_ORDER or until not in STATE_ORDER:
         return False
     return STATE_ORDER.index(state) >= STATE_ORDER.index(until)
+
+
+def _epoch(value: Any) -> float | None:
+    """An ISO 8601 time (the gateway's ``created_at``, an event's ``time``) as a Unix time."""
+    if not value:
+        return None
+    try:
+        when = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when.timestamp() if when.tzinfo else None
 
 
 @dataclass
@@ -38,14 +62,25 @@ class JobLine:
     stage: str = ""
     percent: int = 0
     message: str = ""
-    started: float = field(default_factory=time.monotonic)
+    #: Unix times: the job's own creation (the gateway's ``created_at``) and end.
+    started: float = field(default_factory=time.time)
     ended: float | None = None
 
     def finished(self, until: str | None) -> bool:
-        return self.status in ("completed", *FAILED) or bool(until and reached(self.state, until))
+        return self.status in ENDED or bool(until and reached(self.state, until))
 
-    def update(self, data: dict[str, Any], until: str | None) -> bool:
-        before = (self.state, self.status, self.stage, self.percent)
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILED or self.state in FAILED
+
+    @property
+    def troubled(self) -> bool:
+        """Failed, cancelled or stuck: a line then says why."""
+        return self.failed or "stuck" in (self.status, self.state)
+
+    def update(self, data: dict[str, Any], until: str | None, at: Any = None) -> bool:
+        """Apply a job view or event; `at` is the event's time. True if what a line shows changed."""
+        before = (self.state, self.status, self.stage, self.percent, self.message)
         self.bmc_ip = str(data.get("bmc_ip") or self.bmc_ip)
         self.state = str(data.get("state") or data.get("job_status") or self.state)
         self.status = str(data.get("status") or self.status)
@@ -53,78 +88,145 @@ class JobLine:
         pct = data.get("percent", data.get("progress"))
         self.percent = int(pct) if isinstance(pct, int) else self.percent
         self.message = str(data.get("message") or self.message)
+        created = _epoch(data.get("created_at"))
+        if created is not None:
+            self.started = created
         if self.finished(until) and self.ended is None:
-            self.ended = time.monotonic()
-        return before != (self.state, self.status, self.stage, self.percent)
+            end = _epoch(data.get("updated_at")) if self.status in ENDED else None
+            self.ended = max(end or _epoch(at) or time.time(), self.started)
+        return before != (self.state, self.status, self.stage, self.percent, self.message)
 
     @property
     def elapsed(self) -> float:
-        return (self.ended or time.monotonic()) - self.started
+        """Seconds since the job itself started (not since this watch did)."""
+        return max(0.0, (self.ended or time.time()) - self.started)
+
+    @property
+    def detail(self) -> str:
+        """What a line says: the stage, and on a failure the reason (never only "Failed"); while
+        installing, the installer's step ("Partitioning disks: …"), not only "Installing OS"."""
+        if self.troubled and self.message and self.message not in self.stage:
+            return f"{self.stage}: {self.message}" if self.stage else self.message
+        if self.state == "installing" and self.message:
+            return self.message
+        return self.stage or self.message
 
 
-def job_table(lines: list[JobLine]) -> Table:
+class JobElapsed(ProgressColumn):
+    """Elapsed time of the job a progress row shows, from the job's own start."""
+
+    def render(self, task: Task) -> Text:
+        line = task.fields.get("line")
+        secs = int(line.elapsed) if isinstance(line, JobLine) else 0
+        return Text(f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}", style="progress.elapsed")
+
+
+def job_table(lines: list[JobLine], con: Console | None = None) -> Table:
     t = Table(title="jobs")
-    for col in ("job", "bmc", "state", "status", "%", "elapsed", "message"):
-        t.add_column(col)
+    for col in ("job", "bmc", "state", "status", "%", "elapsed"):
+        t.add_column(col, no_wrap=True, min_width=SHORT_ID if col == "job" else None)
+    t.add_column("message", overflow="fold")  # the failure reason wraps, never cut
     for j in lines:
-        t.add_row(j.job_id, j.bmc_ip, j.state, j.status, str(j.percent), f"{j.elapsed:.1f}s", j.message[:60])
+        t.add_row(
+            show_id(j.job_id, con),
+            j.bmc_ip,
+            j.state,
+            j.status,
+            str(j.percent),
+            f"{j.elapsed:.1f}s",
+            j.message,
+        )
     return t
 
 
-def watch_jobs(api: Api, job_ids: list[str], console: Console, *, until: str | None = None) -> int:
-    lines = {jid: JobLine(jid) for jid in job_ids}
+def watch_jobs(
+    api: Api, job_ids: list[str], console: Console, *, until: str | None = None, follow_new: bool = False
+) -> int:
+    """Follow `job_ids` until each ends (or reaches `until`); exit code 0, or 1 if one failed.
+    `follow_new` (``karios jobs --watch``): also every job created meanwhile, until Ctrl-C."""
+    until = check_until(until)
+    lines: dict[str, JobLine] = {}
     live = console.is_terminal
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.percentage:>3.0f}%"),
         TextColumn("{task.fields[stage]}"),
-        TimeElapsedColumn(),
+        JobElapsed(),
         console=console,
         disable=not live,
     )
-    tasks = {jid: progress.add_task(jid, total=100, stage="") for jid in job_ids}
-
+    tasks: dict[str, Any] = {}
     printed: dict[str, tuple[str, str, str, int]] = {}
+
+    def add(jid: str) -> JobLine:
+        lines[jid] = JobLine(jid)
+        tasks[jid] = progress.add_task(jid, total=100, stage="", line=lines[jid])
+        return lines[jid]
 
     def show(j: JobLine) -> None:
         desc = f"{j.bmc_ip or j.job_id:<16} {j.state:<14}"
-        progress.update(
-            tasks[j.job_id], description=desc, completed=j.percent, stage=j.stage or j.message[:40]
-        )
-        sig = (j.state, j.status, j.stage or j.message, j.percent)  # what the line shows
+        progress.update(tasks[j.job_id], description=desc, completed=j.percent, stage=j.detail)
+        sig = (j.state, j.status, j.detail, j.percent)  # what the line shows
         if not live and printed.get(j.job_id) != sig:
             printed[j.job_id] = sig
+            ident = f"{j.bmc_ip:<16}" if not follow_new else f"{show_id(j.job_id, console)} {j.bmc_ip:<16}"
             console.print(
-                f"{time.strftime('%H:%M:%S')} {j.bmc_ip:<16} {j.state:<14} {j.status:<9} "
-                f"{j.percent:>3}% {j.elapsed:6.1f}s {j.stage or j.message}",
+                f"{time.strftime('%H:%M:%S')} {ident} {j.state:<14} {j.status:<9} "
+                f"{j.percent:>3}% {j.elapsed:6.1f}s {j.detail}",
                 highlight=False,
+                soft_wrap=True,  # one line per change, as long as the reason: never cut
             )
 
+    def fetch(j: JobLine, at: Any = None) -> None:
+        if j.update(api.get(f"/controlnode/job/{j.job_id}"), until, at) or not live:
+            show(j)
+
+    def follow(jid: str, at: Any) -> None:
+        try:
+            view = api.get(f"/controlnode/job/{jid}")
+        except CliError as err:
+            if err.status == 404:
+                return  # not a job the gateway knows (yet): its next event tries again
+            raise
+        j = add(jid)
+        j.update(view, until, at)
+        show(j)
+
     def refresh() -> None:
-        for jid, j in lines.items():
-            if j.update(api.get(f"/controlnode/job/{jid}"), until) or not live:
-                show(j)
+        for j in list(lines.values()):
+            fetch(j)
 
     def all_done() -> bool:
-        return all(j.finished(until) for j in lines.values())
+        return not follow_new and all(j.finished(until) for j in lines.values())
 
-    with progress:
-        for ev in stream(api, [f"job:{j}" for j in job_ids], on_connect=refresh, stop=all_done):
-            data = ev.payload
-            j = lines.get(str(data.get("job_id", "")))
-            if j is not None and not j.finished(until) and j.update(data, until):
-                show(j)
-    console.print(job_table(list(lines.values())))
-    return 1 if any(j.status in FAILED or j.state in FAILED for j in lines.values()) else 0
+    for jid in job_ids:
+        add(jid)
+    channels = ["provision"] if follow_new else [f"job:{j}" for j in job_ids]
+    try:
+        with progress:
+            for ev in stream(api, channels, on_connect=refresh, stop=all_done):
+                data = ev.payload
+                jid = str(data.get("job_id") or "")
+                j = lines.get(jid)
+                if j is None and follow_new and jid and not str(data.get("job_type", "")).endswith("_batch"):
+                    follow(jid, ev.data.get("time"))  # a job created after the watch began
+                elif j is not None and not j.finished(until) and j.update(data, until, ev.data.get("time")):
+                    show(j)
+    except KeyboardInterrupt:
+        if not follow_new:
+            raise
+    print_table(job_table(list(lines.values()), console), console)
+    return 1 if any(j.failed for j in lines.values()) else 0
 
 
 def node_table(view: dict[str, Any]) -> Table:
     t = Table(
         title=f"fabric {view.get('job_type', '')} {view.get('job_id', '')}: {view.get('job_status', '')}"
     )
-    for col in ("node", "fqdn", "result", "changed", "vtep", "error"):
-        t.add_column(col)
+    for col in ("node", "fqdn", "result", "changed", "vtep"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("error", overflow="fold")  # the reason wraps, never cut
     for n in view.get("nodes") or []:
         result = "ok" if n.get("ok") else ("rolled back" if n.get("rolled_back") else "failed")
         if not n.get("reachable", True):
@@ -135,7 +237,7 @@ def node_table(view: dict[str, Any]) -> Table:
             result,
             "yes" if n.get("changed") else "no",
             n.get("vtep_ip", ""),
-            (n.get("error") or "")[:60],
+            n.get("error") or "",
         )
     return t
 
@@ -182,7 +284,7 @@ def watch_fabric(api: Api, job_id: str, console: Console) -> int:
             if done():
                 break
     view = state["view"]
-    console.print(node_table(view))
+    print_table(node_table(view), console)
     if view.get("first_fail_error"):
         console.print(f"first failure: {view.get('first_fail_node')}: {view.get('first_fail_error')}")
     return 0 if view.get("job_status") == "completed" else 1

@@ -23,6 +23,7 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from karios.cli.demo import vm_power
 from karios.cli.embedded import die_with_parent
 
 SUSHY_TOOLS_VERSION = "2.2.0"  # the power-delay patch below is checked against this source
@@ -40,10 +41,24 @@ class _NoPowerDelay:
 
 if hasattr(fakedriver, "random"):
     fakedriver.random = _NoPowerDelay()
-from sushy_tools.emulator.main import main
+{vm_power}from sushy_tools.emulator.main import main
 sys.argv[0] = "sushy-emulator"
 sys.exit(main())
 """
+# `karios demo --vm`: the systems of the spec file are qemu VMs (karios.cli.demo.vm_power, copied
+# beside the launcher: the emulator's venv has no Karios).
+_VM_POWER = """\
+sys.path.insert(0, {workdir!r})
+import karios_vm_power
+karios_vm_power.patch_fake_driver(fakedriver.FakeDriver, {spec!r})
+"""
+
+
+def launcher(workdir: Path, vm_spec: Path | None = None) -> str:
+    """The emulator's launcher script: the fake driver without its power delay, and with
+    ``vm_spec`` its systems named there booted as VMs."""
+    vm = _VM_POWER.format(workdir=str(workdir), spec=str(vm_spec)) if vm_spec else ""
+    return _LAUNCHER.format(vm_power=vm)
 
 
 def cache_dir() -> Path:
@@ -132,6 +147,9 @@ class DemoBmcs:
     auth: bool = False
     systems: list[dict[str, object]] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+    #: ``karios demo --vm``: the VM spec file (karios.cli.demo.vm.qemu_spec per system UUID),
+    #: read by the emulator at each power action (written once the services' ports are known).
+    vm_spec: Path | None = None
 
     @property
     def url(self) -> str:
@@ -172,10 +190,17 @@ class DemoBmcs:
         cfg = self.workdir / "emulator.conf"
         cfg.write_text("".join(f"{k} = {v!r}\n" for k, v in config.items()))
         argv = [exe]
-        if python:
-            (self.workdir / "launch.py").write_text(_LAUNCHER)
-            argv = [python, str(self.workdir / "launch.py")]
         env = {k: v for k, v in os.environ.items() if k != "SUSHY_EMULATOR_CONFIG"}
+        if self.vm_spec is not None:
+            if not python:
+                raise RuntimeError(f"{exe} is not a pip-installed script: --vm needs its interpreter")
+            shutil.copyfile(Path(vm_power.__file__), self.workdir / "karios_vm_power.py")
+            # InsertMedia downloads the medium into TMPDIR: the demo's directory, not /tmp.
+            env["TMPDIR"] = str(self.workdir / "vmedia")
+            (self.workdir / "vmedia").mkdir(exist_ok=True)
+        if python:
+            (self.workdir / "launch.py").write_text(launcher(self.workdir, self.vm_spec))
+            argv = [python, str(self.workdir / "launch.py")]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [*argv, "--config", str(cfg)],

@@ -10,6 +10,10 @@ The address is the BMC's key, so several servers cannot all be 127.0.0.1 (see do
 reflector (:mod:`karios.cli.demo.lab`), adopts the nodes through the gateway and stores a fabric
 configuration for them (:mod:`karios.cli.demo.config`, :mod:`karios.cli.demo.adopt`); stopping the
 demo removes every namespace, link and process it created.
+
+``karios demo --vm`` (root) makes the first demo server a real qemu VM behind its emulated BMC
+(:mod:`karios.cli.demo.vm`): ``karios provision … --method image --watch`` follows the whole image
+install to the installed system's first boot; the VM's serial console is a log to tail.
 """
 
 from __future__ import annotations
@@ -39,6 +43,17 @@ from karios.cli.demo.config import (
     describe,
 )
 from karios.cli.demo.topology import FABRIC_IP
+from karios.cli.demo.vm import (
+    DISK_GB,
+    DISK_NAME,
+    DemoVm,
+    default_images_dir,
+    ensure_images,
+    guest_routes,
+    make_disk,
+    qemu_spec,
+    vm_unavailable,
+)
 from karios.cli.up import Up, state_dir
 
 BMC_BASE = "192.0.2."  # TEST-NET-1 (RFC 5737): documentation addresses
@@ -48,18 +63,24 @@ def demo_bmc_ips(count: int) -> list[str]:
     return [f"{BMC_BASE}{10 + i}" for i in range(1, count + 1)]
 
 
-def demo_inventory(bmc_ips: list[str], systems: list[dict[str, object]]) -> dict[str, object]:
-    """The YAML inventory of the demo servers (two disks each; the NIC the emulator reports)."""
+def demo_inventory(
+    bmc_ips: list[str], systems: list[dict[str, object]], vm_servers: int = 0
+) -> dict[str, object]:
+    """The YAML inventory of the demo servers (two disks each; the NIC the emulator reports). The
+    first ``vm_servers`` are VMs (``--vm``): the one virtio disk their qemu has."""
     devices = []
     for n, (ip, system) in enumerate(zip(bmc_ips, systems, strict=True), 1):
         macs = [str(nic["mac"]) for nic in system["nics"]]  # type: ignore[attr-defined]
+        disks = [{"name": "sda", "size_gb": 100}, {"name": "sdb", "size_gb": 100}]
+        if n <= vm_servers:
+            disks = [{"name": DISK_NAME, "size_gb": DISK_GB}]
         devices.append(
             {
                 "id": n,
                 "name": f"demo-{n}",
                 "oob_ip": ip,
                 "interfaces": [{"name": "eno1", "macs": macs}],
-                "disks": [{"name": "sda", "size_gb": 100}, {"name": "sdb", "size_gb": 100}],
+                "disks": disks,
             }
         )
     return {"devices": devices}
@@ -75,12 +96,21 @@ class Demo(Up):
         self.bmcs = DemoBmcs(state / "demo-bmcs", count=args.servers, executable=args.sushy_emulator)
         self.lab = demo_lab() if getattr(args, "fabric", False) else None
         self.adopted: list[dict[str, object]] = []
+        self.vm_dir = state / "vm" if getattr(args, "vm", False) else None
+        self.vm: DemoVm | None = None
+        if self.vm_dir is not None:
+            self.bmcs.vm_spec = self.vm_dir / "vms.json"
 
     def _start_backends(self) -> None:
+        if self.vm_dir is not None:
+            self._prepare_images()  # before anything runs: minutes on a fresh machine
         super()._start_backends()
         self.bmcs.start()
         inventory = self.state / "demo-inventory.yaml"
-        inventory.write_text(yaml.safe_dump(demo_inventory(self.bmc_ips, self.bmcs.systems), sort_keys=False))
+        vms = 1 if self.vm_dir is not None else 0
+        inventory.write_text(
+            yaml.safe_dump(demo_inventory(self.bmc_ips, self.bmcs.systems, vms), sort_keys=False)
+        )
         self.env.update(
             {
                 "KARIOS_INVENTORY_FILE": str(inventory),
@@ -93,12 +123,48 @@ class Demo(Up):
 
         if self.lab is not None:
             self._start_fabric()
+        if self.vm_dir is not None:
+            # The image install (no Debian installer needed): the VM installs, a fake waits at booting.
+            self.env["KARIOS_PROVISIONER_INSTALL_METHOD"] = "image"
+            return
         if not (netboot_dir("12") / "linux").exists():
             print(
                 "karios demo: the Debian installer is missing, a provision will fail at 'building': "
                 "apt-get install debian-installer-12-netboot-amd64",
                 file=sys.stderr,
             )
+
+    def _prepare_images(self) -> None:
+        """The image install's artifacts, built once into the user's cache (or
+        ``KARIOS_PROVISIONER_IMAGES_DIR``) through the image mirror / proxy settings."""
+        from karios.cli.demo.bmc import cache_dir
+        from karios.provisioner.config import ProvisionerConfig
+        from karios.provisioner.install.live import ImageSettings, live_images_for
+
+        given = os.environ.get("KARIOS_PROVISIONER_IMAGES_DIR")
+        images_dir = Path(given) if given else default_images_dir(cache_dir())
+        cfg = ProvisionerConfig(images_dir=images_dir)
+        self.env["KARIOS_PROVISIONER_IMAGES_DIR"] = str(images_dir)
+        built = ensure_images(
+            live_images_for(cfg, ImageSettings.from_config(cfg)), lambda line: print(line, flush=True)
+        )
+        if built is not None and not given:  # images of older keys (another Karios version): dead weight
+            for old in images_dir.parent.iterdir():
+                if old.is_dir() and old != images_dir:
+                    shutil.rmtree(old, ignore_errors=True)
+
+    def _start_vm(self, urls: dict[str, str]) -> None:
+        """The first demo server's VM, once the services' ports are known: a blank sparse disk,
+        the spec the emulator boots it from, the guest's URLs for the provisioner."""
+        assert self.vm_dir is not None and self.bmcs.vm_spec is not None
+        routes = guest_routes(urls["api-gateway"], urls["provisioner"])
+        system = self.bmcs.systems[0]
+        mac = str(system["nics"][0]["mac"])  # type: ignore[index]
+        self.vm = DemoVm(str(system["uuid"]), mac, self.vm_dir, guestfwd=routes.guestfwd)
+        make_disk(self.vm.disk, self.vm.disk_gb)
+        self.vm.serial_log.touch()
+        self.bmcs.vm_spec.write_text(json.dumps({self.vm.system_uuid: qemu_spec(self.vm)}, indent=1))
+        self.env.update(routes.env)
 
     def _start_fabric(self) -> None:
         """The lab before the services start (the fabric worker gets the demo's VNIs and reaches
@@ -132,6 +198,8 @@ class Demo(Up):
 
     def _print_demo(self) -> None:
         gw = self.gateway_url
+        # With --vm the first server is the VM: the emulated-only advice names the next one.
+        fake = self.bmc_ips[1] if self.vm is not None and len(self.bmc_ips) > 1 else self.bmc_ips[0]
         lines = [
             f"\nkarios demo: {len(self.bmc_ips)} emulated servers "
             f"(sushy-tools at {self.bmcs.url}, log {self.bmcs.log_path})",
@@ -140,7 +208,7 @@ class Demo(Up):
                 for ip, s in zip(self.bmc_ips, self.bmcs.systems, strict=True)
             ),
             "Try:",
-            f"  karios provision {self.bmc_ips[0]} --watch --until booting",
+            f"  karios provision {fake} --watch --until booting",
             "  karios jobs",
             "  karios job cancel JOB_ID   (an emulated server runs no installer: its job waits at booting)",
         ]
@@ -148,7 +216,19 @@ class Demo(Up):
             lines.append(f"  console: {gw}/console  (log in with the admin token above)")
         if self.lab is not None:
             lines += self._fabric_lines(gw)
+        if self.vm is not None:
+            lines += self._vm_lines()
         print("\n".join(lines), flush=True)
+
+    def _vm_lines(self) -> list[str]:
+        assert self.vm is not None
+        return [
+            f"\nkarios demo --vm: {self.bmc_ips[0]} demo-1 is a qemu VM (TCG, {self.vm.memory_mib} MiB, "
+            f"disk {DISK_NAME} {self.vm.disk_gb} GiB sparse: {self.vm.disk})",
+            f"  serial console: tail -f {self.vm.serial_log}",
+            "Install it (the image method; about 4-10 minutes under TCG):",
+            f"  karios provision {self.bmc_ips[0]} --method image --hostname demo-vm --watch",
+        ]
 
     def _fabric_lines(self, gw: str) -> list[str]:
         assert self.lab is not None
@@ -171,6 +251,8 @@ class Demo(Up):
     def _add_services(self) -> tuple[str, dict[str, str]]:
         host, urls = super()._add_services()
         self.gateway_url = urls["api-gateway"]
+        if self.vm_dir is not None:
+            self._start_vm(urls)  # the services start after this: they get the guest's URLs
         return host, urls
 
 
@@ -192,6 +274,12 @@ def demo(
             "--fabric", help="(root) also a 3-node FRR fabric in network namespaces, adopted and configured"
         ),
     ] = False,
+    vm: Annotated[
+        bool,
+        typer.Option(
+            "--vm", help="(root) the first server is a qemu VM: provision installs it to its first boot"
+        ),
+    ] = False,
 ) -> None:
     """`karios up` with emulated BMCs (sushy-tools) and a demo inventory: provision a fake server."""
     args = argparse.Namespace(
@@ -201,8 +289,24 @@ def demo(
         servers=servers,
         sushy_emulator=sushy_emulator,
         fabric=fabric,
+        vm=vm,
     )
     state = state_dir() / "demo"
+    if vm:
+        reason = "one at a time with --fabric (each takes a core)" if fabric else vm_unavailable()
+        if reason:
+            print(f"karios demo --vm: {reason}", file=sys.stderr)
+            raise typer.Exit(2)
+        # A blank server each run (new system, new disk): its own state dir, started empty, so no
+        # job of an earlier run holds the BMC.
+        state = state_dir() / "demo-vm"
+        if os.environ.get("KARIOS_DATABASE_URL"):
+            print(
+                "karios demo --vm: uses its own embedded PostgreSQL; unset KARIOS_DATABASE_URL",
+                file=sys.stderr,
+            )
+            raise typer.Exit(2)
+        shutil.rmtree(state, ignore_errors=True)
     if fabric:
         reason = demo_unavailable()
         if reason:

@@ -7,10 +7,14 @@ with the ciphertext so keys can rotate (old keys stay in the keyring for decrypt
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import os
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from karios.common.errors import KariosError
 
@@ -52,6 +56,18 @@ class SecretBox:
             raise SecretDecryptError("stored secret failed authentication") from None
         return pt.decode()
 
+    @property
+    def active_key_id(self) -> str:
+        return self._active
+
+    def derived_keys(self, purpose: str) -> dict[str, bytes]:
+        """One 32-byte key per keyring key for ``purpose`` (HKDF-SHA256, info = purpose), by key id:
+        a MAC key (e.g. signed media URLs) is never the encryption key itself, and rotates with it."""
+        return {
+            kid: HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=purpose.encode()).derive(key)
+            for kid, key in self._keys.items()
+        }
+
     def key_id_of(self, token: str) -> str:
         return token.split(":", 2)[1]
 
@@ -61,3 +77,13 @@ class SecretBox:
     @classmethod
     def from_settings(cls, settings) -> SecretBox:  # type: ignore[no-untyped-def]
         return cls(settings.keyring, settings.secret_key_id)
+
+
+def hmac_b64(key: bytes, message: str) -> str:
+    """HMAC-SHA256 of ``message`` under ``key``, base64url without padding: the one signature of
+    the tokens and URLs signed with a key of the ring (``SecretBox.derived_keys``)."""
+    return (
+        base64.urlsafe_b64encode(hmac.new(key, message.encode(), hashlib.sha256).digest())
+        .rstrip(b"=")
+        .decode()
+    )

@@ -122,6 +122,41 @@ def label_problem(value: str, max_len: int = LABEL_MAX) -> str | None:
     return f"must be one line of printable text; found {describe_char(bad)}" if bad else None
 
 
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
+
+
+def hostname_problem(value: str) -> str | None:
+    """A host name or FQDN (RFC 1123): dot-separated labels of letters, digits and inner hyphens,
+    each at most 63 characters, at most 253 in all; no space, control or shell character."""
+    if not value or len(value) > 253:
+        return "must be a host name of 1 to 253 characters"
+    bad = _first_outside(value, re.compile(r"[A-Za-z0-9.-]"))
+    if bad is not None:
+        return f"letters, digits, '-' and '.' only; found {describe_char(bad)}"
+    if not all(_HOST_LABEL.fullmatch(label) for label in value.split(".")):
+        return "each dot-separated label: 1 to 63 letters, digits or inner hyphens"
+    return None
+
+
+def username_problem(value: str) -> str | None:
+    """A login name as useradd takes it: a letter or '_' then letters, digits, '.', '_' or '-',
+    at most 32 characters (no space, shell metacharacter or control character)."""
+    if _USER_NAME.fullmatch(value):
+        return None
+    bad = _first_outside(value, re.compile(r"[A-Za-z0-9._-]"))
+    found = f"; found {describe_char(bad)}" if bad is not None else ""
+    return f"must be 1 to 32 letters, digits, '.', '_' or '-', starting with a letter or '_'{found}"
+
+
+def check_hostname(value: str) -> str:
+    return _raise_on(hostname_problem(value), value)
+
+
+def check_username(value: str) -> str:
+    return _raise_on(username_problem(value), value)
+
+
 def _raise_on(problem: str | None, value: str) -> str:
     if problem:
         raise ValueError(problem)

@@ -77,6 +77,15 @@ class ServiceUnavailable(KariosError):
     retry_after: ClassVar[int] = 2
 
 
+class StorageFull(ServiceUnavailable):
+    """The disk under the database, or the message store, is full: writes fail until an operator
+    frees space. The service stays up and says so (``/readyz`` check ``storage``, the
+    ``karios_storage_full`` gauge); reads keep working, a write is worth retrying once space is back."""
+
+    code = "STORAGE_FULL"
+    retry_after: ClassVar[int] = 30
+
+
 class PermanentFailure(KariosError):
     """A command that can never succeed as sent (terminate, do not retry)."""
 
@@ -106,6 +115,7 @@ for _cls in (
     Forbidden,
     UpstreamError,
     ServiceUnavailable,
+    StorageFull,
     PermanentFailure,
     InternalError,
 ):
@@ -148,6 +158,63 @@ def describe_for_log(exc: BaseException) -> str:
         return f"{text} [statement: {str(statement)[:300]}]" if statement else text
     first = str(exc).strip().splitlines()[:1]
     return f"{type(exc).__name__}: {first[0][:300] if first else ''}"
+
+
+#: SQLSTATE 53100 ``disk_full``: a data file, its free-space map or a temporary file could not
+#: grow ("could not extend file …: No space left on device"). (WAL that cannot grow is a PANIC:
+#: the server restarts, which callers see as a database away.)
+SQLSTATE_DISK_FULL = "53100"
+#: The rest of class 53 (``insufficient_resources``, ``out_of_memory``, ``too_many_connections``,
+#: ``configuration_limit_exceeded``): the server is short of something for now, try again later.
+SQLSTATE_RESOURCES_CLASS = "53"
+#: JetStream API error codes of a store with no room: insufficient resources (10023), account
+#: resource limits (10002), storage / memory resources exceeded (10047 / 10028).
+JETSTREAM_FULL_CODES = frozenset({10002, 10023, 10028, 10047})
+#: JetStream "stream store failed" (10077): full when its text says so ("maximum bytes exceeded",
+#: "no space left on device"), anything else (a store closing) is a plain 503.
+JETSTREAM_STORE_FAILED = 10077
+_FULL_WORDS = ("no space", "insufficient", "exceeded", "storage resources", "disk full")
+
+
+def resource_error(exc: BaseException) -> ServiceUnavailable | None:
+    """:class:`StorageFull` when ``exc`` (or its cause) says the database's disk or the message
+    store is full, :class:`ServiceUnavailable` for another shortage of the database (the rest of
+    SQLSTATE class 53); ``None`` otherwise.
+
+    Pure: reads the driver's attributes (asyncpg's and SQLAlchemy's ``sqlstate``, nats-py's
+    ``err_code`` and ``description``), never imports a driver.
+    """
+    seen: BaseException | None = exc
+    for _ in range(5):  # the driver error is at most a few ``__cause__`` / ``orig`` links down
+        if seen is None:
+            return None
+        if isinstance(seen, StorageFull):
+            return seen
+        sqlstate = getattr(seen, "sqlstate", None)
+        if isinstance(sqlstate, str):
+            if sqlstate == SQLSTATE_DISK_FULL:
+                return StorageFull(
+                    "the database's disk is full: writes fail until space is freed; try again later",
+                    details={"store": "database"},
+                )
+            if sqlstate.startswith(SQLSTATE_RESOURCES_CLASS):
+                return ServiceUnavailable(f"the database is out of resources (SQLSTATE {sqlstate})")
+        if _jetstream_full(getattr(seen, "err_code", None), getattr(seen, "description", None)):
+            return StorageFull(
+                "the message store is full: writes fail until space is freed; try again later",
+                details={"store": "bus"},
+            )
+        seen = seen.__cause__ or getattr(seen, "orig", None)
+    return None
+
+
+def _jetstream_full(err_code: object, description: object) -> bool:
+    if not isinstance(err_code, int):
+        return False
+    if err_code in JETSTREAM_FULL_CODES:
+        return True
+    text = description.lower() if isinstance(description, str) else ""
+    return err_code == JETSTREAM_STORE_FAILED and any(word in text for word in _FULL_WORDS)
 
 
 def http_status_for(err: KariosError) -> int:

@@ -17,11 +17,23 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from karios.common.db.session import unavailable_database_error
-from karios.common.errors import KariosError, ServiceUnavailable, describe_for_log, http_status_for
+from karios.common.errors import (
+    KariosError,
+    ServiceUnavailable,
+    StorageFull,
+    describe_for_log,
+    http_status_for,
+)
 from karios.common.instance import INSTANCE_HEADER, instance_id
 from karios.common.telemetry import get_logger
 
 log = get_logger(__name__)
+
+#: How long an idle keep-alive connection stays open on every service's HTTP server. Longer than
+#: any client's own idle limit (httpx: 5 s, nginx upstream keepalive: 60 s, cloud balancers: 60 s):
+#: with equal limits, a client reusing a connection at the moment the server closes it gets no
+#: answer at all (a ``ReadError`` on a POST it cannot safely retry; seen in a loaded CI run).
+SERVER_KEEP_ALIVE_S = 75
 
 ReadyCheck = Callable[[], Awaitable[dict[str, bool]]]
 
@@ -34,7 +46,11 @@ class FieldError(BaseModel):
 class ErrorResponse(BaseModel):
     """The body of every 4xx/5xx answer (validation errors included)."""
 
-    code: str = Field(description="Stable error code, e.g. VALIDATION_FAILED, NOT_FOUND")
+    code: str = Field(
+        description="Stable error code, e.g. VALIDATION_FAILED, NOT_FOUND, SERVICE_UNAVAILABLE (503: try "
+        "again after Retry-After), STORAGE_FULL (503: a disk or the message store is full; writes fail "
+        "until an operator frees space)"
+    )
     message: str = Field(description="Human message naming the field or the cause")
     retryable: bool = False
     field: str | None = Field(None, description="The field at fault, when one is")
@@ -180,14 +196,15 @@ def _replace_ref(node: Any, old: str, new: str) -> None:
 
 
 def unexpected_error_response(path: str, exc: BaseException) -> JSONResponse:
-    """503 when the database is stalled or gone, else an opaque 500; the redacted cause is logged.
+    """503 when the database is stalled, gone or out of room (``STORAGE_FULL``), else an opaque
+    500; the redacted cause is logged.
 
     The body never names the exception (nor SQL, parameters or a traceback).
     """
     unavailable = unavailable_database_error(exc)
-    log.error(
-        "database unavailable" if unavailable else "unhandled error", path=path, cause=describe_for_log(exc)
-    )
+    what = "unhandled error" if unavailable is None else "database unavailable"
+    what = "storage full" if isinstance(unavailable, StorageFull) else what
+    log.error(what, path=path, cause=describe_for_log(exc))
     if unavailable is not None:
         return error_response(unavailable)
     message = "internal error: the details are in the service log"
@@ -312,7 +329,16 @@ def _bad_length() -> JSONResponse:
     )
 
 
-def add_ops_routes(app: FastAPI, ready: ReadyCheck, registry: CollectorRegistry) -> None:
+def add_ops_routes(
+    app: FastAPI,
+    ready: ReadyCheck,
+    registry: CollectorRegistry,
+    *,
+    reasons: Callable[[], dict[str, str]] | None = None,
+) -> None:
+    """``/healthz``, ``/readyz`` (``{"ready", "checks"}``, plus ``reasons`` naming why a failing
+    check fails when ``reasons`` knows, e.g. ``storage``: the disk is full) and ``/metrics``."""
+
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> PlainTextResponse:
         return PlainTextResponse("ok")
@@ -321,9 +347,14 @@ def add_ops_routes(app: FastAPI, ready: ReadyCheck, registry: CollectorRegistry)
     async def readyz() -> JSONResponse:
         checks = await ready()
         ok = all(checks.values())
+        content: dict[str, Any] = {"ready": ok, "checks": checks}
+        if not ok and reasons is not None:
+            why = {name: text for name, text in reasons().items() if checks.get(name) is False}
+            if why:
+                content["reasons"] = why
         return JSONResponse(
             status_code=200 if ok else 503,
-            content={"ready": ok, "checks": checks},
+            content=content,
             headers={INSTANCE_HEADER: instance_id()},  # which process answered (karios up checks it)
         )
 

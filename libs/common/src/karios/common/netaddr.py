@@ -40,6 +40,25 @@ def normalize_ip(value: str) -> str:
         raise ValueError(f"not an IP address: {value!r}") from None
 
 
+def host_address_problem(value: str, *, allow_loopback: bool = False) -> str | None:
+    """Why ``value`` (an IP address) cannot be a host Karios connects to, or None: unspecified,
+    loopback (unless allowed: a lab on one machine), broadcast, multicast, link-local or another
+    reserved address (an IPv4-mapped IPv6 address is judged as its IPv4 address)."""
+    ip = ipaddress.ip_address(value.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    kinds = [
+        ("unspecified", ip.is_unspecified),
+        ("loopback", ip.is_loopback and not allow_loopback),
+        ("broadcast", ip == ipaddress.IPv4Address("255.255.255.255")),
+        ("multicast", ip.is_multicast),
+        ("link-local", ip.is_link_local),
+        ("reserved", ip.is_reserved and not ip.is_loopback),
+    ]
+    kind = next((k for k, hit in kinds if hit), None)
+    return f"{value} is a{'n' if kind[0] in 'aeiou' else ''} {kind} address, not a host's" if kind else None
+
+
 def normalize_ipv4(value: str) -> str:
     try:
         return str(ipaddress.IPv4Address(value.strip()))

@@ -62,6 +62,94 @@ def check_disks_known(selected: list[str], known: list[str]) -> None:
         )
 
 
+# -- disk size: the image against the selected disks (the gateway's check before the 202; the
+# live environment's install.sh applies the same numbers to the disks it finds) ------------------
+
+MIB = 1 << 20
+GIB = 1 << 30
+#: What each selected disk gives up before the root: the GPT (both copies), the 1 MiB BIOS boot
+#: partition and the 256 MiB EFI system partition of the image install's layout.
+DISK_OVERHEAD = 258 * MIB
+#: The margin over the image's installed size: +25 % (ext4's inode tables and journal, logs,
+#: what the first boot writes) and 256 MiB.
+MARGIN_PERCENT = 25
+MARGIN_BYTES = 256 * MIB
+#: How each pool type turns the selected disks into room for the root (md RAID; ``n`` disks).
+POOL_RULES = {
+    "single": "the first disk",
+    "mirror": "the smallest disk",
+    "stripe": "the sum of the disks",
+    "raidz1": "(n-1) x the smallest disk",
+    "raidz2": "(n-2) x the smallest disk",
+}
+
+
+def root_needs(installed_bytes: int) -> int:
+    """Bytes the root filesystem needs for an image of ``installed_bytes`` (with the margin)."""
+    return installed_bytes + installed_bytes * MARGIN_PERCENT // 100 + MARGIN_BYTES
+
+
+def pool_capacity(pool_type: str | None, disk_bytes: list[int]) -> int:
+    """Room for the root that ``disk_bytes`` (in order) give as ``pool_type``: each disk less
+    :data:`DISK_OVERHEAD`, then mirror → smallest, stripe → sum, raidz1 → (n-1) × smallest,
+    raidz2 → (n-2) × smallest, single → the first disk."""
+    usable = [max(0, b - DISK_OVERHEAD) for b in disk_bytes]
+    if not usable:
+        return 0
+    name = (pool_type or "single").lower()
+    if name == "stripe":
+        return sum(usable)
+    if name in ("mirror", "raidz1", "raidz2"):
+        parity = {"mirror": len(usable) - 1, "raidz1": 1, "raidz2": 2}[name]
+        return max(0, len(usable) - parity) * min(usable)
+    return usable[0]
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def check_disk_space(
+    pool_type: str | None, selected: list[str], disk_bytes: dict[str, int | None], installed_bytes: int | None
+) -> None:
+    """422 naming ``selected_disks`` with the needed and available sizes when the image
+    (``installed_bytes``, plus the margin) does not fit the pool the selected disks make.
+    Nothing to check — accepted — when the image's size or any selected disk's size is unknown
+    (``disk_bytes``: name without ``/dev/`` → bytes or None)."""
+    names = [d.removeprefix("/dev/") for d in selected]
+    sizes = [disk_bytes.get(n) for n in names]
+    if not installed_bytes or not names or any(s is None or s <= 0 for s in sizes):
+        return
+    known = [int(s) for s in sizes if s is not None]
+    name = (pool_type or "single").lower()
+    need, have = root_needs(installed_bytes), pool_capacity(name, known)
+    if have >= need:
+        return
+    if name == "single":
+        why = (
+            f"disk {names[0]} is {gib(known[0])}; the image needs {gib(need + DISK_OVERHEAD)} "
+            f"({gib(installed_bytes)} installed, with margin and boot partitions)"
+        )
+    else:
+        why = (
+            f"{name} of {', '.join(names)} gives {gib(have)} for the root ({POOL_RULES[name]}, each "
+            f"disk less {DISK_OVERHEAD // MIB} MiB of boot partitions); the image needs {gib(need)} "
+            f"({gib(installed_bytes)} installed, with margin)"
+        )
+    raise ValidationFailed(
+        f"selected_disks: {why}",
+        field="selected_disks",
+        details={
+            "pool_type": name,
+            "disks": dict(zip(names, known, strict=True)),
+            "needed_bytes": need,
+            "available_bytes": have,
+            "installed_bytes": installed_bytes,
+            "disk_overhead_bytes": DISK_OVERHEAD,
+        },
+    )
+
+
 def check_vendor(vendor: str, field: str = "vendor") -> str:
     v = (vendor or "generic").strip().lower()
     if v not in VENDORS:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -19,11 +20,13 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from karios.common.bus.envelope import correlation_scope, new_id
 from karios.common.bus.runtime import Bus
 from karios.common.db import Database
 from karios.common.db.migrate import ensure_database, upgrade
 from karios.common.http import add_ops_routes, install_error_handlers
 from karios.common.settings import KariosSettings
+from karios.common.storage import BUS_HOLD_S, StorageAlarm, StorageCollector
 from karios.common.telemetry import (
     context_from_headers,
     get_logger,
@@ -59,6 +62,12 @@ class ServiceRuntime:
                 connect_timeout=self.settings.db_connect_timeout,
                 command_timeout=self.settings.db_command_timeout,
             )
+        if self._storage_alarms():
+            self.registry.register(StorageCollector(self._storage_alarms()))
+
+    def _storage_alarms(self) -> list[StorageAlarm]:
+        alarms = [self.bus.storage] if self.use_bus else []
+        return alarms + ([self.db.storage] if self.db is not None else [])
 
     async def start(self) -> None:
         if self.db is not None and self.migrations is not None and self.schema:
@@ -81,9 +90,26 @@ class ServiceRuntime:
             checks["bus"] = self.bus.healthy
         if self.db is not None:
             checks["database"] = self.db.healthy
+        if self._storage_alarms():
+            checks["storage"] = self.storage_ok
         checks.update(self.extra_checks)
         results = await asyncio.gather(*(_bounded(check) for check in checks.values()))
         return dict(zip(checks, results, strict=True))
+
+    async def storage_ok(self) -> bool:
+        """No store of this process is full. While the database's alarm is on, each call tries a
+        probe write (success clears it: recovery without a restart); the bus's ends with the
+        next stored publish or :data:`~karios.common.storage.BUS_HOLD_S` after the last refusal."""
+        if self.db is not None and self.db.storage.active:
+            await self.db.probe_write()
+        if self.use_bus:
+            self.bus.storage.expire(BUS_HOLD_S)
+        return not any(alarm.active for alarm in self._storage_alarms())
+
+    def not_ready_reasons(self) -> dict[str, str]:
+        """Why a check fails, where the process knows more than ``False`` (``/readyz``'s ``reasons``)."""
+        storage = [r for r in (alarm.reason() for alarm in self._storage_alarms()) if r]
+        return {"storage": "; ".join(storage)} if storage else {}
 
 
 READY_CHECK_TIMEOUT_S = 1.5
@@ -130,7 +156,7 @@ def build_app(
     app.state.runtime = runtime
     _instrument_http(app, runtime)
     install_error_handlers(app)
-    add_ops_routes(app, runtime.ready, runtime.registry)
+    add_ops_routes(app, runtime.ready, runtime.registry, reasons=runtime.not_ready_reasons)
     return app
 
 
@@ -162,6 +188,19 @@ class HttpMetrics:
     duration: Histogram
 
 
+CORRELATION_HEADER = "x-correlation-id"
+_CORRELATION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+
+
+def correlation_of(header: str | None) -> str:
+    """The user action a request belongs to: the caller's ``X-Correlation-Id`` when it is a
+    plain token (a console or script grouping its calls), else a new one. Every bus message the
+    request causes carries it (``correlationid``), and the response names it."""
+    if header and _CORRELATION_RE.fullmatch(header):
+        return header
+    return new_id()
+
+
 class _Observe:
     """Pure ASGI (not ``@app.middleware("http")``): a ``BaseHTTPMiddleware`` layer costs every
     request a task group, a memory stream and task switches (a third of the gateway's CPU on
@@ -179,18 +218,26 @@ class _Observe:
         method = request.method
         status = 500  # an exception no handler took
 
+        correlation = correlation_of(request.headers.get(CORRELATION_HEADER))
+
         async def observed_send(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-correlation-id", correlation.encode()))
+                message = {**message, "headers": headers}
             await send(message)
 
-        with self.tracer.start_as_current_span(
-            method,
-            context=context_from_headers(request.headers),
-            kind=trace.SpanKind.SERVER,
-            attributes=server_attributes(request),
-        ) as span:
+        with (
+            correlation_scope(correlation),
+            self.tracer.start_as_current_span(
+                method,
+                context=context_from_headers(request.headers),
+                kind=trace.SpanKind.SERVER,
+                attributes=server_attributes(request),
+            ) as span,
+        ):
             try:
                 await self.app(scope, receive, observed_send)
             finally:

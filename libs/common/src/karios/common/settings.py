@@ -10,7 +10,7 @@ import os
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import ByteSize, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Well-known development key: refused outside dev mode.
@@ -26,10 +26,21 @@ def default_state_dir() -> Path:
 
 
 class KariosSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KARIOS_", extra="ignore")
+    # hide_input_in_errors: a model check's error would echo every value read (passwords, keys).
+    model_config = SettingsConfigDict(env_prefix="KARIOS_", extra="ignore", hide_input_in_errors=True)
 
     dev_mode: bool = Field(False, description="Allow unsafe defaults (development key, generated tokens).")
     nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated.")
+    nats_user: str = Field(
+        "",
+        description="NATS user the services connect as (with nats_password; a user in the URL works "
+        "too). `karios up` sets it for its embedded NATS.",
+    )
+    nats_password: SecretStr | None = Field(
+        None,
+        description="Password of nats_user (never logged). `karios up` generates one per state "
+        "directory for its embedded NATS, kept in `<state>/nats-credentials.json` (0600).",
+    )
     database_url: str = Field(
         "postgresql+asyncpg://postgres@127.0.0.1:5432/karios", description="PostgreSQL URL (asyncpg)."
     )
@@ -41,6 +52,13 @@ class KariosSettings(BaseSettings):
         "(applied at start: an existing stream is scaled to it).",
     )
     bus_prefix: str = Field("karios", description="Subject prefix; stream names derive from it.")
+    bus_events_max_bytes: ByteSize = Field(
+        ByteSize(1 << 30),
+        gt=0,
+        description="Size limit of the event stream (bytes, or e.g. `256MiB`): the oldest events go "
+        "first. JetStream reserves it on each server storing the stream (at most 75 % of the free "
+        "space of its store; `karios up` checks its state directory at start).",
+    )
     secret_key: SecretStr = Field(
         SecretStr(DEV_SECRET_KEY), description="Base64 32-byte AES-256-GCM key for secrets at rest."
     )
@@ -55,6 +73,30 @@ class KariosSettings(BaseSettings):
     inventory_port: int = Field(8083, description="inventory HTTP port (health, metrics, NetBox webhook)")
     fabric_worker_port: int = Field(8084, description="fabric-worker HTTP port (health, metrics)")
     public_url: str = Field("", description="URL installers and BMCs use to reach the gateway.")
+    tls_certfile: Path | None = Field(
+        None,
+        description="PEM certificate (chain) the api-gateway serves HTTPS with, instead of plain HTTP "
+        "(with tls_keyfile; `karios up` and the CLI then use https URLs).",
+    )
+    tls_keyfile: Path | None = Field(None, description="PEM private key of tls_certfile.")
+    tls_ca_bundle: Path | None = Field(
+        None,
+        description="PEM file of the CAs the CLI verifies the gateway's certificate with (e.g. a "
+        "self-signed one); unset: the system's trust store. The install media carry it too "
+        "(KARIOS_PROVISIONER_CA_BUNDLE).",
+    )
+    provisioner_tls: bool = Field(
+        False,
+        description="The provisioner serves HTTPS only on provisioner_port with tls_certfile/tls_keyfile "
+        "(needs both): boot media (/media, the BMC's signed URL is then https), install images "
+        "(/images), /readyz and /metrics. The certificate must name the address BMCs and installers "
+        "use (KARIOS_PROVISIONER_MEDIA_URL); bodies are streamed, not sent by sendfile.",
+    )
+    adopt_allow_loopback: bool = Field(
+        False,
+        description="Let POST /controlnode/nodes adopt a node at a loopback address (a lab on one "
+        "machine); unspecified, broadcast, multicast and link-local addresses are always refused.",
+    )
     bootstrap_admin_token: SecretStr | None = Field(
         None, description="If set, ensured as a fabric_admin API token at gateway start."
     )
@@ -113,6 +155,42 @@ class KariosSettings(BaseSettings):
         if len(raw) != 32:
             raise ValueError("KARIOS_SECRET_KEY must decode to 32 bytes (AES-256)")
         return v
+
+    @field_validator("tls_certfile", "tls_keyfile", "tls_ca_bundle", mode="before")
+    @classmethod
+    def _empty_path_is_unset(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("nats_password", mode="before")
+    @classmethod
+    def _empty_password_is_unset(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v else v
+
+    @model_validator(mode="after")
+    def _nats_user_pair(self) -> KariosSettings:
+        if bool(self.nats_user) != (self.nats_password is not None):
+            raise ValueError("KARIOS_NATS_USER and KARIOS_NATS_PASSWORD: set both or neither")
+        return self
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> KariosSettings:
+        if (self.tls_certfile is None) != (self.tls_keyfile is None):
+            raise ValueError("KARIOS_TLS_CERTFILE and KARIOS_TLS_KEYFILE: set both (HTTPS) or neither")
+        if self.provisioner_tls and self.tls_certfile is None:
+            raise ValueError(
+                "KARIOS_PROVISIONER_TLS needs the certificate: set KARIOS_TLS_CERTFILE and KARIOS_TLS_KEYFILE"
+            )
+        return self
+
+    @property
+    def gateway_scheme(self) -> str:
+        """``https`` when the gateway serves TLS (tls_certfile), else ``http``."""
+        return "https" if self.tls_certfile else "http"
+
+    @property
+    def provisioner_scheme(self) -> str:
+        """``https`` when the provisioner serves TLS (provisioner_tls), else ``http``."""
+        return "https" if self.provisioner_tls else "http"
 
     @model_validator(mode="after")
     def _refuse_unsafe_defaults(self) -> KariosSettings:

@@ -6,8 +6,9 @@ root handler, whose :class:`structlog.stdlib.ProcessorFormatter` renders one JSO
 with ``timestamp``, ``level``, ``event``, ``service``, ``logger``, the ``trace_id``/``span_id`` of
 the active span and whatever is bound in structlog's contextvars (``job_id``, ``node``, ``bmc_ip``).
 
-Secrets never reach logs: :func:`redact` masks any key that looks like a secret, and it is a
-processor of both chains (structlog's and the standard library's).
+Secrets never reach logs: :func:`redact` masks any key that looks like a secret and the password
+of any URL (``nats://user:password@host``) in a string, and it is a processor of both chains
+(structlog's and the standard library's); a rendered exception's URLs are masked too.
 
 Tracing is in :mod:`karios.common.telemetry_tracing` (OTLP/HTTP export from the ``OTEL_*``
 settings); the names services use are re-exported here.
@@ -46,6 +47,8 @@ __all__ = [
 
 _SECRET_KEY = re.compile(r"(pass(word)?|secret|token|(^|_)key$|auth_key|authorization|credential)", re.I)
 REDACTED = "***"
+#: The password of a URL with credentials (``scheme://user:password@``; the user is kept).
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s]*:)[^@/\s]+@")
 
 #: Loggers that are chatty at INFO (asyncssh logs every channel and command over several lines,
 #: httpx every request: the spans carry both): WARNING unless the service logs at DEBUG.
@@ -54,8 +57,15 @@ QUIET_LOGGERS = ("asyncssh", "httpx", "httpcore")
 OWN_HANDLER_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "faststream", "alembic")
 
 
+def redact_url_passwords(text: str) -> str:
+    """``text`` with the password of every URL in it masked (``nats://karios:***@127.0.0.1:4222``)."""
+    return _URL_PASSWORD.sub(rf"\g<1>{REDACTED}@", text) if "://" in text else text
+
+
 def redact(value: Any) -> Any:
-    """Return ``value`` with secret-looking mapping keys masked, recursively."""
+    """Return ``value`` with secret-looking mapping keys and URL passwords masked, recursively."""
+    if isinstance(value, str):
+        return redact_url_passwords(value)
     if isinstance(value, Mapping):
         return {
             k: (
@@ -72,6 +82,13 @@ def redact(value: Any) -> Any:
 
 def _redact_processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
     return redact(event_dict)  # type: ignore[no-any-return]
+
+
+def _redact_exception(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    # After format_exc_info: a traceback's text (an error naming a URL with its password).
+    if isinstance(event_dict.get("exception"), str):
+        event_dict["exception"] = redact_url_passwords(event_dict["exception"])
+    return event_dict
 
 
 def add_trace_ids(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
@@ -128,6 +145,7 @@ def setup_logging(service: str, level: str = "INFO", json: bool = True) -> None:
         processors=[
             *shared,
             structlog.processors.format_exc_info,
+            _redact_exception,
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
@@ -139,6 +157,7 @@ def setup_logging(service: str, level: str = "INFO", json: bool = True) -> None:
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
+            _redact_exception,
             renderer,
         ],
     )

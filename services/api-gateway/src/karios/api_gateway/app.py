@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import FastAPI
+from starlette.middleware import Middleware
 
+from karios.api_gateway.audit import AuditTrail, AuditWriter
 from karios.api_gateway.auth import Role, TokenCache, create_token
 from karios.api_gateway.errordoc import document_errors
 from karios.api_gateway.events import DirectSSE, EventRelay, freeze_startup_heap
 from karios.api_gateway.fastpath import FastReads, fast_path_wanted, fast_reads_counter, route_roles
+from karios.api_gateway.linkdoc import document_links
 from karios.api_gateway.models import SCHEMA
 from karios.api_gateway.outbox import CommandOutbox, kill_after_commit_hook, waiting_msg_ids
 from karios.api_gateway.readcache import InvalidateOnWrite, ReadCache
@@ -43,8 +46,9 @@ def create_app(settings: KariosSettings | None = None, *, fast_reads: bool | Non
         reconcile_every=settings.job_reconcile_interval,
         waiting=waiting_msg_ids,
     )
-    outbox = CommandOutbox(rt.bus, rt.db.engine, on_relayed=projector.relayed, registry=rt.registry)
+    outbox = CommandOutbox(rt.bus, rt.db.engine, on_relayed_many=projector.relayed_many, registry=rt.registry)
     rt.extra_checks["outbox"] = outbox.healthy
+    audit = AuditWriter(rt.db)
 
     async def on_start(rt: ServiceRuntime) -> None:
         assert rt.db is not None
@@ -52,6 +56,7 @@ def create_app(settings: KariosSettings | None = None, *, fast_reads: bool | Non
             await create_token(
                 rt.db, "bootstrap-admin", Role.fabric_admin, settings.bootstrap_admin_token.get_secret_value()
             )
+        await audit.start()
         await relay.start()
         bus_stats.start()
         rt.state["projector"] = projector
@@ -65,6 +70,7 @@ def create_app(settings: KariosSettings | None = None, *, fast_reads: bool | Non
             await rt.state["projector"].stop()
         await relay.stop()
         await bus_stats.stop()
+        await audit.stop()  # the records of the last requests
 
     app = build_app(
         rt,
@@ -81,10 +87,14 @@ def create_app(settings: KariosSettings | None = None, *, fast_reads: bool | Non
     app.state.secret_box = SecretBox.from_settings(settings)
     app.state.read_cache = reads = ReadCache()  # queue and node-list reads shared for READ_TTL_S
     app.add_middleware(InvalidateOnWrite)  # a write through this replica drops them at once
+    # Innermost (inside the request span, after routing): one audit record per write.
+    app.user_middleware.append(Middleware(AuditTrail, writer=audit))
+    app.state.audit = audit
     routers = ROUTERS()
     for router in routers:
         app.include_router(router)
     document_errors(app)  # every 4xx/5xx in the OpenAPI document is ErrorResponse
+    document_links(app)  # responses that name a resource link to the operations taking it
     # Outermost: the hot authenticated reads answered from those caches without FastAPI's layers.
     app.add_middleware(
         FastReads,

@@ -213,6 +213,7 @@ def require(role: Role, *, query_token: bool = False):  # type: ignore[no-untype
         principal = await _verify(request, token)
         if principal is None:
             raise Unauthorized("invalid or revoked token")
+        request.state.principal = principal  # the actor of the audit record (api_gateway.audit)
         if principal.role < role:
             raise Forbidden(f"this endpoint needs role {role.name}; token has {principal.role.name}")
         return principal

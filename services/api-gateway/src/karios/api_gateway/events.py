@@ -5,6 +5,13 @@ Each SSE ``id`` is the event's stream sequence, so a client reconnecting with
 then continues live with duplicates dropped by sequence — no gap, no duplicate. The
 sequence is the stream's, so the same id resumes on any gateway replica.
 
+A new client's first frame (``: connected``, written once it is registered) carries
+``id: N``, N being the last sequence the relay had relayed when it registered the client: the
+client receives every matching event after N, and none before. An ``EventSource`` keeps that
+id, so a client that loses its stream before its first event still resumes from where it
+joined; without it, it would reconnect with no ``Last-Event-ID`` and silently miss what was
+published while it was away.
+
 The fan-out is built for 1,000+ clients per process (issue 14):
 
 - each event is decoded, routed to channels and encoded as an SSE frame **once**;
@@ -53,7 +60,9 @@ log = get_logger(__name__)
 #: The path whose responses :class:`DirectSSE` writes itself.
 EVENTS_PATH = "/controlnode/events"
 _SCOPE_KEY = "karios.sse"
-_PREAMBLE = b"retry: 2000\n: connected\n\n"
+#: The first frame: the reconnect delay and the comment a client waits for; a new client's also
+#: carries ``id:``, where it joined (a frame with no ``data`` sets the id and dispatches nothing).
+_PREAMBLE = b"retry: 2000\n: connected\n"
 _KEEPALIVE = b": keep-alive\n\n"
 #: Frames joined into one write at most (a client catching up writes in bounded chunks).
 _MAX_BATCH = 256
@@ -78,6 +87,9 @@ class SSEClient:
 
     wanted: frozenset[str] | None
     limit: int
+    #: The relay's :attr:`EventRelay.last_seq` when the client was registered: it receives every
+    #: matching event after this sequence (the ``id`` of its first frame).
+    joined: int = 0
     pending: list[RelayedEvent] = field(default_factory=list)
     waiter: asyncio.Future[None] | None = None
     overflowed: bool = False
@@ -280,7 +292,7 @@ class EventRelay:
 
     def open(self, wanted: set[str] | frozenset[str] | None) -> SSEClient:
         """Register a client: from now on it receives live events matching ``wanted``."""
-        client = SSEClient(frozenset(wanted) if wanted else None, self.queue_size)
+        client = SSEClient(frozenset(wanted) if wanted else None, self.queue_size, joined=self.last_seq)
         self.groups.setdefault(client.wanted, set()).add(client)
         self.m_clients.inc()
         return client
@@ -295,18 +307,21 @@ class EventRelay:
         client.disconnect()
 
     async def frames(self, client: SSEClient, last_event_id: int | None) -> AsyncIterator[bytes]:
-        """What to write to ``client``: the preamble, the replay after ``last_event_id``, then
-        live events (every write carries all that is pending), until it is cut or leaves."""
-        yield _PREAMBLE
-        sent = 0
-        if last_event_id is not None:
+        """What to write to ``client``: the preamble (with the id it joined at, for a new client),
+        the replay after ``last_event_id``, then live events (every write carries all that is
+        pending), until it is cut or leaves."""
+        if last_event_id is None:
+            yield _PREAMBLE + b"id: %d\n\n" % client.joined
+            sent = client.joined
+        else:
+            yield _PREAMBLE + b"\n"
+            sent = last_event_id
             until = await self.stream_last_seq()
             wanted = set(client.wanted) if client.wanted else None
             async for ev in self.replay(last_event_id, until):
-                sent = ev.seq
+                sent = max(sent, ev.seq)
                 if channel_matches(wanted, set(ev.channels)):
                     yield ev.sse()
-            sent = max(sent, last_event_id)
         loop = asyncio.get_running_loop()
         while not client.closed:
             if not client.pending and not client.overflowed and not client.beat:

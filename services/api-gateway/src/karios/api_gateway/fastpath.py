@@ -40,7 +40,7 @@ from karios.api_gateway.readcache import QUEUE_KEY, ReadCache, node_key_of, node
 from karios.api_gateway.routes.tokens import WhoAmI
 from karios.common.limits import IP_MAX
 from karios.common.netaddr import normalize_ip
-from karios.common.service import HttpMetrics
+from karios.common.service import HttpMetrics, correlation_of
 from karios.common.telemetry_tracing import otlp_wanted
 
 NODES = "/controlnode/nodes"
@@ -84,6 +84,11 @@ def node_key(segment: str) -> str | None:
         return node_key_of(normalize_ip(segment))
     except ValueError:
         return None
+
+
+def _correlation(scope: Scope) -> str:
+    given = next((v for k, v in scope["headers"] if k == b"x-correlation-id"), None)
+    return correlation_of(given.decode("latin-1") if given is not None else None)
 
 
 def bearer_token(scope: Scope) -> str | None:
@@ -210,7 +215,11 @@ class FastReads:
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [(b"content-length", str(len(body)).encode()), (b"content-type", _JSON)],
+                "headers": [
+                    (b"content-length", str(len(body)).encode()),
+                    (b"content-type", _JSON),
+                    (b"x-correlation-id", _correlation(scope).encode()),  # as _Observe answers
+                ],
             }
         )
         await send({"type": "http.response.body", "body": body})

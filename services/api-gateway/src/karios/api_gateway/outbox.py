@@ -3,12 +3,14 @@
 
 A route that changes state and implies a command (``POST /controlnode/provision``: job row +
 ``cmd.provision.start``) writes the command as a row of ``gateway.command_outbox`` in the SAME
-transaction (:meth:`CommandOutbox.add`); 202 means "committed". The relay, its retries, the DLQ
-and the chaos hook are described in :mod:`karios.common.outbox`.
+transaction (:meth:`CommandOutbox.add`); 202 means "committed". The relay (woken by the insert's
+NOTIFY on commit, batches claimed with SKIP LOCKED, published concurrently, marked in one statement),
+its retries, the DLQ and the chaos hook are described in :mod:`karios.common.outbox`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -23,6 +25,7 @@ from karios.common.outbox import (  # noqa: F401 (re-exported: the gateway's tes
     KILL_AFTER_COMMIT_ENV,
     MSG_ID_HEADER,
     RETRY_MAX_S,
+    RelayConfig,
     RelayRetry,
     kill_after_commit_hook,
 )
@@ -48,8 +51,10 @@ class CommandOutbox(common.CommandOutbox):
         engine: Any,
         *,
         on_relayed: common.Relayed | None = None,
+        on_relayed_many: common.RelayedMany | None = None,
         registry: CollectorRegistry | None = None,
-        workers: int = common.RELAY_WORKERS,
+        config: RelayConfig | None = None,
+        before_mark: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(
             bus,
@@ -58,8 +63,10 @@ class CommandOutbox(common.CommandOutbox):
             relayed=RELAYED,
             name="api-gateway",
             on_relayed=on_relayed,
+            on_relayed_many=on_relayed_many,
             registry=registry,
-            workers=workers,
+            config=config,
+            before_mark=before_mark,
         )
 
 

@@ -11,7 +11,7 @@ dropped (it was superseded: the history, in arrival order, keeps what was shown)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -245,6 +245,16 @@ async def end_job(bus: Bus, job: JobRow, message: str, status: str = "failed") -
         entity=job.id,
         msg_id=f"{job.id}:gateway:{status}",
     )
+    # A job the gateway ends (it never reached a provisioner, or its command was dead-lettered):
+    # the one "job ended" line of that job (the provisioner writes it for every other end).
+    (log.info if status in ("cancelled", "completed") else log.error)(
+        "job ended",
+        job_id=job.id,
+        bmc_ip=job.bmc_ip,
+        outcome=status,
+        reason=message[:500],
+        ended_by="gateway",
+    )
     return ev
 
 
@@ -278,14 +288,16 @@ class ProvisionProjector:
         if job is not None:
             await end_job(self.bus, job, f"the provisioner could not take the job: {ev.message}")
 
-    async def relayed(self, command: Any) -> None:
-        """The outbox relay published ``command``: a queued job's clock restarts there, so a
-        command that waited out a long bus outage is not taken for a lost one."""
-        if isinstance(command, StartProvision):
+    async def relayed_many(self, commands: Sequence[Any]) -> None:
+        """The outbox relay published ``commands``: a queued job's clock restarts there, so a
+        command that waited out a long bus outage is not taken for a lost one (one statement
+        per batch, not one per job)."""
+        ids = [c.job_id for c in commands if isinstance(c, StartProvision)]
+        if ids:
             async with self.db.session() as s, s.begin():
                 await s.exec(
                     sa.update(JobRow)
-                    .where(JobRow.id == command.job_id, JobRow.job_status == "queued")  # type: ignore[arg-type]
+                    .where(JobRow.id.in_(ids), JobRow.job_status == "queued")  # type: ignore[attr-defined]
                     .values(updated_at=_now())
                 )
 

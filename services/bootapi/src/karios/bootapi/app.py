@@ -13,12 +13,14 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from karios.bootapi.core import DiscoveryBoot
 from karios.bootapi.handlers import TEXT, router, wire
 from karios.bootapi.hosts import BusHostSource, CachedHostSource, HostSource
 from karios.bootapi.metrics import BootapiMetrics
 from karios.bootapi.server import BootServer
 from karios.bootapi.settings import BootapiSettings
 from karios.bootapi.templatesync import GitTemplateSync, TemplateStore
+from karios.common.discovery_token import DiscoveryTokens
 from karios.common.http import install_error_handlers
 from karios.common.oscatalog import TemplateSetError, default_set_dir, load_template_set
 from karios.common.service import ServiceRuntime
@@ -34,6 +36,8 @@ Boot path for PXE-booting hosts, served over **plain HTTP** (installers have no 
 
 * `/ipxe/{mac}` never answers 404: unknown MACs, inventory errors and hosts with
   `pxe_enabled=false` get HTTP 200 and the fallback script (`BOOTAPI_UNKNOWN_MAC_FALLBACK`).
+  With `BOOTAPI_DISCOVERY_ENABLED` an unknown MAC gets the live environment in discovery mode
+  instead (hardware report, then power off).
 * `/ks/{ident}` answers 404 for an unknown host and 502 when the inventory fails.
 * `POST /provisioned/{ident}` clears `pxe_enabled` (token-guarded).
 """
@@ -140,6 +144,23 @@ def initial_templates(boot: BootapiSettings, store: TemplateStore) -> None:
             log.error("template directory refused; serving the embedded set", error=str(exc))
 
 
+def discovery_options(settings: KariosSettings, boot: BootapiSettings) -> dict[str, Any]:
+    """BootServer's discovery fields: off unless ``BOOTAPI_DISCOVERY_ENABLED`` (issue 27 item 3)."""
+    if not boot.discovery_enabled:
+        return {}
+    return {
+        "discovery": DiscoveryBoot(
+            images_url=boot.resolved_discovery_images_url(
+                settings.host, settings.provisioner_port, settings.provisioner_scheme
+            ),
+            suite=boot.discovery_suite,
+            kernel_args=tuple(boot.discovery_kernel_args.split()),
+        ),
+        "discovery_tokens": DiscoveryTokens.from_settings(settings),
+        "discovery_ttl": boot.discovery_token_ttl,
+    }
+
+
 def create_app(
     settings: KariosSettings | None = None,
     boot_settings: BootapiSettings | None = None,
@@ -166,6 +187,7 @@ def create_app(
         base_url=boot.resolved_base_url(settings.host, settings.bootapi_port),
         fallback=boot.unknown_mac_fallback,
         provision_token=boot.provision_token.get_secret_value() if boot.provision_token else None,
+        **discovery_options(settings, boot),
     )
     sync = (
         GitTemplateSync(
@@ -201,6 +223,7 @@ def _lifespan(
             service=SERVICE,
             templates=server.templates.get().origin,
             fallback=server.fallback,
+            discovery=server.discovery is not None,
         )
         try:
             yield
@@ -208,6 +231,7 @@ def _lifespan(
             if sync is not None:
                 await sync.stop()
             await rt.stop()
+            log.info("service stopped", service=SERVICE)
 
     return lifespan
 

@@ -16,6 +16,7 @@ from functools import lru_cache
 from urllib.parse import quote
 
 from karios.common.contracts.inventory import Host
+from karios.common.discovery_token import KERNEL_ARG as DISCOVERY_KERNEL_ARG
 from karios.common.netaddr import mac_or_none
 from karios.common.oscatalog import CatalogEntry, NoCatalogEntry, TemplateSet
 
@@ -163,6 +164,50 @@ def render_ipxe_script(
 def render_fallback_script(templates: TemplateSet, fallback: str, mac: str | None) -> str:
     """The ``local`` (sanboot) or ``shell`` script; it never depends on inventory data."""
     return templates.render(f"ipxe/fallback-{fallback}.ipxe.j2", mac=mac or "", base_url="")
+
+
+# -- discovery (issue 27 item 3) ---------------------------------------------------------------
+
+DISCOVERY_TEMPLATE = "ipxe/discover.ipxe.j2"
+#: The live environment's kernel line, as the provisioner's install and wipe media boot it
+#: (``install.image.LIVE_KERNEL_ARGS``).
+LIVE_KERNEL_ARGS = ("rdinit=/init", "panic=30")
+
+
+@dataclass(frozen=True)
+class DiscoveryBoot:
+    """How a MAC no host owns boots when discovery is on: the provisioner's live environment
+    (``<images_url>/images/<suite>/vmlinuz`` + ``live.img``) and the discovery overlay for this
+    boot's token (``<images_url>/discovery/<token>/overlay.img``)."""
+
+    images_url: str  # the provisioner as PXE targets reach it
+    suite: str = "bookworm"
+    kernel_args: tuple[str, ...] = ()  # consoles etc., after LIVE_KERNEL_ARGS
+
+    def kernel_url(self) -> str:
+        return f"{self.images_url}/images/{quote(self.suite, safe='')}/vmlinuz"
+
+    def initrd_urls(self, token: str) -> list[str]:
+        return [
+            f"{self.images_url}/images/{quote(self.suite, safe='')}/live.img",
+            f"{self.images_url}/discovery/{quote(token, safe='')}/overlay.img",
+        ]
+
+    def args(self, token: str) -> list[str]:
+        """The kernel line: the initrds by name (UEFI), the live environment's arguments, the token."""
+        names = [f"initrd={u.rsplit('/', 1)[-1]}" for u in self.initrd_urls(token)]
+        return [*names, *LIVE_KERNEL_ARGS, *self.kernel_args, f"{DISCOVERY_KERNEL_ARG}={token}"]
+
+
+def render_discovery_script(templates: TemplateSet, boot: DiscoveryBoot, mac: str, token: str) -> str:
+    """The iPXE script booting an unknown machine into discovery mode (hardware report, power off)."""
+    return templates.render(
+        DISCOVERY_TEMPLATE,
+        mac=mac,
+        kernel_url=boot.kernel_url(),
+        initrd_urls=boot.initrd_urls(token),
+        args=boot.args(token),
+    )
 
 
 def default_gateway(iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from karios.bootapi.app import create_app
 from karios.bootapi.settings import BootapiSettings, split_addr
+from karios.common.http import SERVER_KEEP_ALIVE_S
 from karios.common.settings import KariosSettings
 
 # granian's own lines go through the root logger, i.e. the service's JSON pipeline (telemetry.py).
@@ -160,7 +161,12 @@ def build_servers(settings: KariosSettings, boot: BootapiSettings) -> list[Liste
         return servers
     import uvicorn
 
-    common: dict[str, Any] = {"log_level": "warning", "access_log": False, "log_config": None}
+    common: dict[str, Any] = {
+        "log_level": "warning",
+        "access_log": False,
+        "log_config": None,
+        "timeout_keep_alive": SERVER_KEEP_ALIVE_S,
+    }
     servers = [uvicorn.Server(uvicorn.Config(app, host=host, port=port, lifespan="on", **common))]
     if tls:
         servers.append(

@@ -63,6 +63,11 @@ class BootapiMetrics:
         self.ipxe_fallback = Counter(
             "bootapi_ipxe_fallback", "iPXE fallback scripts served, by reason.", ["reason"], registry=r
         )
+        self.ipxe_discovery = Counter(
+            "bootapi_ipxe_discovery",
+            "Unknown MACs answered with the live environment in discovery mode (BOOTAPI_DISCOVERY_ENABLED).",
+            registry=r,
+        )
         self.template_sync = Counter("bootapi_template_sync", "Template git syncs attempted.", registry=r)
         self.template_sync_failures = Counter(
             "bootapi_template_sync_failures",

@@ -6,8 +6,10 @@ except the error classes, which map to statuses in one place (``karios.common.ht
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from karios.bootapi import core
 from karios.bootapi.core import FallbackReason
@@ -15,6 +17,7 @@ from karios.bootapi.hosts import CachedHostSource, HostSource
 from karios.bootapi.metrics import BootapiMetrics
 from karios.bootapi.templatesync import TemplateStore
 from karios.common.contracts.inventory import Host
+from karios.common.discovery_token import DEFAULT_TTL, DiscoveryTokens
 from karios.common.errors import (
     InternalError,
     KariosError,
@@ -23,11 +26,17 @@ from karios.common.errors import (
     Unauthorized,
     UpstreamError,
 )
-from karios.common.oscatalog import NoCatalogEntry
+from karios.common.oscatalog import NoCatalogEntry, TemplateSet, default_set_dir, load_template_set
 from karios.common.oscatalog.templates import TemplateRenderError
 from karios.common.telemetry import get_logger
 
 log = get_logger(__name__)
+
+
+@lru_cache(maxsize=1)
+def embedded_templates() -> TemplateSet:
+    """The embedded default set: its discovery script serves a template set that has none."""
+    return load_template_set(default_set_dir(), origin="embedded")
 
 
 @dataclass
@@ -38,6 +47,12 @@ class BootServer:
     base_url: str
     fallback: str = "local"
     provision_token: str | None = None
+    # Discovery of unknown servers (BOOTAPI_DISCOVERY_ENABLED): how an unknown MAC boots, and the
+    # tokens it gets; None = off (the fallback script).
+    discovery: core.DiscoveryBoot | None = None
+    discovery_tokens: DiscoveryTokens | None = None
+    discovery_ttl: float = DEFAULT_TTL
+    clock: Callable[[], float] = time.time
     max_memo: int = 100_000
     # Rendered iPXE scripts, reused while the template generation and the cached Host object are the
     # same ones (a cache refresh or invalidation yields a new Host object, so no stale script survives).
@@ -71,6 +86,25 @@ class BootServer:
         self.metrics.child(self.metrics.render, "ipxe", "ok").inc()
         return script
 
+    def _discovery(self, mac: str) -> str:
+        """The live environment in discovery mode for an unknown MAC, with a new token (never
+        memoized: each answer carries its own expiry); the fallback if its template fails."""
+        assert self.discovery is not None and self.discovery_tokens is not None
+        templates = self.templates.get()
+        if core.DISCOVERY_TEMPLATE not in templates.sources:  # a template set older than discovery
+            templates = embedded_templates()
+        token = self.discovery_tokens.issue(mac, now=self.clock(), ttl=self.discovery_ttl)
+        try:
+            script = core.render_discovery_script(templates, self.discovery, mac, token)
+        except TemplateRenderError as exc:
+            self.metrics.render.labels("ipxe", "error").inc()
+            log.error("discovery template failed; serving fallback", mac=mac, error=str(exc))
+            return self._fallback(FallbackReason.RENDER, mac)
+        self.metrics.ipxe_discovery.inc()
+        self.metrics.child(self.metrics.render, "ipxe", "ok").inc()
+        log.info("unknown MAC booted into discovery", mac=mac)
+        return script
+
     async def ipxe_script(self, raw_mac: str | None) -> str:
         """Always a valid iPXE script: the installer for a known, enabled host, else the fallback."""
         mac = core.parse_ipxe_mac(raw_mac)
@@ -85,6 +119,8 @@ class BootServer:
         decision = core.decide_boot(host, templates)
         if decision.entry is None or host is None:
             assert decision.reason is not None
+            if decision.reason is FallbackReason.UNKNOWN and self.discovery is not None:
+                return self._discovery(mac)
             return self._fallback(decision.reason, mac)
         try:
             entry = decision.entry

@@ -50,6 +50,32 @@ class BootapiSettings(BaseSettings):
         description="Script for unknown/gated MACs and inventory errors: sanboot the disk, or iPXE shell.",
     )
     provision_token: SecretStr | None = Field(None, description="Shared token for POST /provisioned/{ident}.")
+    discovery_enabled: bool = Field(
+        False,
+        description="Opt-in: answer a MAC no host owns with the live environment in discovery mode "
+        "(in-band hardware report to the gateway, then power off; GET /controlnode/discovered) instead of "
+        "the fallback script. Gated hosts, bad MACs and inventory errors still get the fallback.",
+    )
+    discovery_images_url: str = Field(
+        "",
+        description="Provisioner base URL as PXE targets reach it: the live kernel and initrd "
+        "(/images/<suite>/) and the discovery overlay (/discovery/); default http://<KARIOS_HOST>:"
+        "<KARIOS_PROVISIONER_PORT> (set it when that address is not the targets').",
+    )
+    discovery_suite: str = Field(
+        "bookworm",
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,31}$",
+        description="Debian release of the live environment.",
+    )
+    discovery_kernel_args: str = Field(
+        "console=tty0 console=ttyS0,115200n8",
+        description="Kernel arguments of a discovery boot after rdinit=/init panic=30 (consoles).",
+    )
+    discovery_token_ttl: float = Field(
+        1800.0,
+        gt=0,
+        description="Lifetime of the discovery token of a boot (Go-style duration, default 30m).",
+    )
     template_git_url: str = Field(
         "", description="Templates repo (catalog/ + templates/); empty = embedded set."
     )
@@ -70,7 +96,9 @@ class BootapiSettings(BaseSettings):
         2, ge=1, le=16, description="granian's Rust I/O threads of the plain listener (Python runs on one)."
     )
 
-    @field_validator("template_git_interval", "cache_ttl", "cache_negative_ttl", mode="before")
+    @field_validator(
+        "template_git_interval", "cache_ttl", "cache_negative_ttl", "discovery_token_ttl", mode="before"
+    )
     @classmethod
     def _duration(cls, v: object) -> float:
         if isinstance(v, str | int | float):
@@ -81,6 +109,16 @@ class BootapiSettings(BaseSettings):
     @classmethod
     def _empty_token_is_none(cls, v: object) -> object:
         return None if v in ("", None) else v
+
+    def resolved_discovery_images_url(
+        self, default_host: str, provisioner_port: int, scheme: str = "http"
+    ) -> str:
+        """``discovery_images_url``, else the provisioner's own listener (``https`` with
+        KARIOS_PROVISIONER_TLS: an iPXE that fetches it must trust the deployment's CA)."""
+        if self.discovery_images_url:
+            return self.discovery_images_url.rstrip("/")
+        host = "127.0.0.1" if default_host in ("", "0.0.0.0", "::") else default_host
+        return f"{scheme}://{host}:{provisioner_port}"
 
     def resolved_listen_addr(self, default_host: str, default_port: int) -> tuple[str, int]:
         return split_addr(self.listen_addr or f"{default_host}:{default_port}")

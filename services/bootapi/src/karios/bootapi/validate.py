@@ -144,6 +144,15 @@ def validate_template_set(templates: TemplateSet, report: Report) -> None:
                 lambda f=fallback: core.render_fallback_script(templates, f, SAMPLE_MAC),
                 check_ipxe,
             )
+        if core.DISCOVERY_TEMPLATE in templates.sources:
+            _check(
+                report,
+                core.DISCOVERY_TEMPLATE,
+                lambda: core.render_discovery_script(
+                    templates, core.DiscoveryBoot(SAMPLE_BASE_URL), SAMPLE_MAC, "k1.sample"
+                ),
+                check_ipxe,
+            )
         for entry in templates.catalog.entries:
             host = sample_host(entry)
             _check(

@@ -25,8 +25,14 @@ outbox_table, dlq_table = common.outbox_tables(SCHEMA)
 RELAYED: dict[str, type[Command]] = {StartFabricApply.TYPE: StartFabricApply}
 
 
-def fabric_outbox(bus: Bus, engine: Any, registry: CollectorRegistry | None = None) -> common.CommandOutbox:
-    """The worker's outbox; its queue is ``<prefix>.cmd.fabric`` (apart from the gateway's)."""
+def fabric_outbox(
+    bus: Bus,
+    engine: Any,
+    registry: CollectorRegistry | None = None,
+    config: common.RelayConfig | None = None,
+) -> common.CommandOutbox:
+    """The worker's outbox (the same relay as the gateway's); its queue is ``<prefix>.cmd.fabric``
+    (apart from the gateway's)."""
     return common.CommandOutbox(
         bus,
         engine,
@@ -35,6 +41,7 @@ def fabric_outbox(bus: Bus, engine: Any, registry: CollectorRegistry | None = No
         name="fabric-worker",
         queue=f"{bus.subjects.prefix}.cmd.fabric",
         registry=registry,
+        config=config,
     )
 
 

@@ -34,6 +34,17 @@ class FabricWorkerSettings(BaseSettings):
     strict: bool = Field(False, description="A node failure rolls every touched node back")
     connect_timeout: float = Field(10.0, gt=0)
     verify_timeout: float = Field(60.0, gt=0, description="Seconds for BGP Established + EVPN routes")
+    postdeploy_settle: float = Field(
+        20.0,
+        gt=0,
+        description="Seconds after BGP Established for a node's post-deploy overlay checks: every "
+        "configured VNI up on the node and an IMET route from every VTEP already rolled out",
+    )
+    dataplane_probe: bool = Field(
+        True,
+        description="After the overlay checks, ping another rolled-out node's VXLAN bridge "
+        "(IPv6 link-local) with DF at the overlay MTU; its time is said in node_ready",
+    )
     preflight_timeout: float = Field(20.0, gt=0, description="Per-node preflight limit, seconds")
     progress_interval: float = Field(15.0, gt=0, description="Seconds between in_progress() acks")
     heartbeat_interval: float = Field(5.0, gt=0, description="Seconds between job lease renewals")
@@ -62,7 +73,12 @@ class FabricWorkerSettings(BaseSettings):
             raise ValueError(f"KARIOS_FABRIC_VNIS: not a list of integers: {self.vnis!r}") from None
 
     def options(self) -> RolloutOptions:
-        return RolloutOptions(connect_timeout=self.connect_timeout, verify_timeout=self.verify_timeout)
+        return RolloutOptions(
+            connect_timeout=self.connect_timeout,
+            verify_timeout=self.verify_timeout,
+            settle_timeout=self.postdeploy_settle,
+            dataplane_probe=self.dataplane_probe,
+        )
 
     @property
     def beat(self) -> float:

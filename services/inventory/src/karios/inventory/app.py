@@ -19,6 +19,7 @@ from karios.inventory.netbox_store import NetBoxStore
 from karios.inventory.service import InventoryService
 from karios.inventory.settings import InventorySettings
 from karios.inventory.store import InventoryStore
+from karios.inventory.writeback_service import WriteBack, WriteBackMetrics
 
 SERVICE = "inventory"
 
@@ -65,7 +66,10 @@ def create_app(
     if store.kind == "netbox":
         rt.extra_checks["netbox"] = inventory.ready
     svc = InventoryService(rt.bus, rt.db, inventory, store)
-    wire(rt.bus, svc)
+    writeback = WriteBack(
+        rt.bus, rt.db, store, inv_settings, WriteBackMetrics(rt.registry), on_change=svc.device_changed
+    )
+    wire(rt.bus, svc, writeback)
     follower: ChangeLogFollower | None = None
     if isinstance(store, NetBoxStore) and inv_settings.changelog_interval > 0:
         follower = ChangeLogFollower(
@@ -79,6 +83,7 @@ def create_app(
     async def on_start(_rt: ServiceRuntime) -> None:
         if follower is not None:
             follower.start()
+        await writeback.start()
 
     async def on_stop(_rt: ServiceRuntime) -> None:
         if follower is not None:
@@ -88,6 +93,7 @@ def create_app(
     app = build_app(rt, title="Karios inventory", on_start=on_start, on_stop=on_stop)
     app.state.changelog = follower
     app.state.inventory = inventory
+    app.state.writeback = writeback
     app.include_router(webhook_router(svc, inv_settings.webhook_secret))
     return app
 

@@ -65,6 +65,7 @@ class FileDevice(Host):
     interfaces: list[FileInterface] = Field(default_factory=list)  # type: ignore[assignment]
     disks: list[Disk] = Field(default_factory=list)
     gpus: list[Gpu] = Field(default_factory=list)
+    serial: str = Field("", max_length=128, description="The device serial (compared with the BMC's)")
 
     @field_validator("oob_ip")
     @classmethod
@@ -110,6 +111,7 @@ class FileDevice(Host):
             device_id=self.id,
             device_name=self.name,
             bmc_ip=bmc_ip,
+            serial=self.serial,
             disks=[d.model_copy(update={"source": d.source or "file"}) for d in self.disks],
             gpus=[g.model_copy(update={"source": g.source or "file"}) for g in self.gpus],
             nics=nics,

@@ -24,6 +24,7 @@ from karios.common.contracts.inventory import (
     RegisterNode,
     SetPxeEnabled,
 )
+from karios.common.contracts.netbox_writeback import WriteBackDevice
 from karios.common.contracts.nodes import (
     AdoptNode,
     ComputeNodeQuery,
@@ -34,9 +35,10 @@ from karios.common.contracts.nodes import (
 from karios.common.errors import Forbidden, Unauthorized, ValidationFailed
 from karios.inventory import webhook
 from karios.inventory.service import InventoryService
+from karios.inventory.writeback_service import WriteBack
 
 
-def wire(bus: Bus, svc: InventoryService) -> None:
+def wire(bus: Bus, svc: InventoryService, writeback: WriteBack | None = None) -> None:
     sub = bus.subjects
     routes: list[tuple[str, type, Callable[..., Awaitable[Any]]]] = [
         (sub.request("inventory", "register_node"), RegisterNode, svc.register_node),
@@ -56,6 +58,10 @@ def wire(bus: Bus, svc: InventoryService) -> None:
     ]
     for subject, model, handler in routes:
         bus.query_responder(subject, model, handler)
+    if writeback is not None:  # answers `written: false` (and why) with the write-back off
+        bus.query_responder(
+            sub.request("inventory", "write_back_device"), WriteBackDevice, writeback.write_back_device
+        )
     # Every replica (no queue group) drops its cache entries when any device changes.
     bus.broadcast_handler(
         sub.events_of_fact("inventory", "device.changed"), DeviceChanged, svc.on_device_changed

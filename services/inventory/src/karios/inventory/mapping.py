@@ -338,6 +338,7 @@ def bmc_hardware_from_netbox(
         device_id=device.get("id"),
         device_name=_str(device.get("name")),
         bmc_ip=bmc_ip,
+        serial=_str(device.get("serial")),
         disks=sorted(disks, key=lambda d: _natural(d.name)),
         gpus=sorted(gpus, key=lambda g: _natural(g.name)),
         nics=nics,

@@ -59,8 +59,15 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def translate_error(exc: BaseException, what: str, *, url: str, write: bool = False) -> KariosError:
-    """The one place a NetBox/pynetbox/requests failure becomes a Karios error."""
+#: What a refused write needs, when the caller does not say (the ``pxe_enabled`` write).
+PXE_WRITE_NEEDS = "on dcim.device — writing pxe_enabled needs a token with write enabled"
+
+
+def translate_error(
+    exc: BaseException, what: str, *, url: str, write: bool = False, needs: str = PXE_WRITE_NEEDS
+) -> KariosError:
+    """The one place a NetBox/pynetbox/requests failure becomes a Karios error. ``needs``: what
+    permission a refused write lacks, for the message."""
     if isinstance(exc, KariosError):
         return exc
     where = _where(url)
@@ -68,9 +75,8 @@ def translate_error(exc: BaseException, what: str, *, url: str, write: bool = Fa
         status = exc.req.status_code
         if status in (401, 403) and write:
             return Forbidden(
-                f"NetBox refused to {what} ({status}): the NetBox token has no write permission on "
-                "dcim.device — writing pxe_enabled needs a token with write enabled "
-                "(see docs/inventory.md)",
+                f"NetBox refused to {what} ({status}): the NetBox token has no write permission "
+                f"{needs} (see docs/inventory.md)",
                 details={"netbox_status": status},
             )
         if status in (401, 403):
@@ -118,17 +124,40 @@ class NetBoxStore:
         self.calls = 0  # NetBox HTTP round trips started (tests and benchmarks read it)
 
     # -- plumbing ---------------------------------------------------------------------------
-    async def _run(self, what: str, fn: Callable[[], T], *, write: bool = False) -> T:
+    async def _run(
+        self, what: str, fn: Callable[[], T], *, write: bool = False, needs: str = PXE_WRITE_NEEDS
+    ) -> T:
         self.calls += 1
         try:
             return await asyncio.to_thread(fn)
         except Exception as exc:
-            err = translate_error(exc, what, url=self.url, write=write)
+            err = translate_error(exc, what, url=self.url, write=write, needs=needs)
             log.warning("netbox call failed", what=what, code=err.code, error=err.message)
             raise err from None
 
     async def _list(self, what: str, endpoint: Any, **filters: Any) -> list[Json]:
         return await self._run(what, lambda: [dict(r) for r in endpoint.filter(**filters)])
+
+    # The write-back adapter (``netbox_writer.py``) goes through the same plumbing.
+    @property
+    def api(self) -> Any:
+        """The pynetbox API object (its endpoints); call it only through :meth:`call`/:meth:`rows`."""
+        return self._nb
+
+    async def call(self, what: str, fn: Callable[[], T], *, write: bool = False, needs: str = "") -> T:
+        """One NetBox call in a worker thread, its failure translated (``needs``: see translate_error)."""
+        return await self._run(what, fn, write=write, needs=needs or PXE_WRITE_NEEDS)
+
+    async def rows(self, what: str, endpoint: Any, **filters: Any) -> list[Json]:
+        """Every object of ``endpoint`` matching ``filters``, as plain dicts."""
+        return await self._list(what, endpoint, **filters)
+
+    async def device_by_bmc_ip(self, bmc_ip: str) -> Json | None:
+        return await self._device_by_bmc_ip(bmc_ip)
+
+    async def device_by_name(self, name: str) -> Json | None:
+        """The device of that name (``Conflict`` when several sites hold one)."""
+        return await self._device_by_name(name)
 
     # -- reads ------------------------------------------------------------------------------
     async def _device_by_id(self, device_id: int) -> Json | None:

@@ -89,7 +89,11 @@ class InventoryService:
     async def node_access(self, q: NodeAccessQuery) -> list[NodeAccess]:
         """The fabric's node set (registry rows with an OS IP + compute nodes), or one node."""
         async with self.db.session() as session:
-            pairs = await compute.node_set(session)
+            if q.node_ip and not q.bmc_ip:  # the fabric's per-node routes: that node's rows only
+                pair = await compute.node_of(session, q.node_ip)
+                pairs = [pair] if pair is not None else []
+            else:
+                pairs = await compute.node_set(session)
         out = [a for a in (compute.to_access(p) for p in pairs) if a is not None]
         if q.bmc_ip or q.node_ip:
             out = [a for a in out if (a.bmc_ip == q.bmc_ip if q.bmc_ip else a.node_ip == q.node_ip)]

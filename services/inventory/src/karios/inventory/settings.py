@@ -29,3 +29,21 @@ class InventorySettings(BaseSettings):
     static_pool: str = Field("", description="CIDR static IPv4s are allocated from (file inventory).")
     static_pool_start: str = Field("", description="First address to hand out (default: network + 10).")
     static_gateway: str = Field("", description="Gateway returned with each allocation.")
+    writeback: bool = Field(
+        False,
+        description="Write what Karios reads of a server back to NetBox: after each inspection its "
+        "interfaces and MACs, disk and GPU inventory items and a journal entry; at the adoption of a "
+        "discovered server its device (status planned). NetBox only; the token needs write permission.",
+    )
+    writeback_site: str = Field(
+        "", description="Site slug of the NetBox devices adoption creates (without it none is created)."
+    )
+    writeback_role: str = Field(
+        "",
+        description="Device role slug of the NetBox devices adoption creates (without it none is created).",
+    )
+    writeback_device_type: str = Field(
+        "",
+        description="Device type slug of every device adoption creates; empty: the type of the server's "
+        "DMI make and model, found in NetBox or created (with its manufacturer).",
+    )

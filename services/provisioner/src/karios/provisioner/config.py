@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from karios.common.errors import PermanentFailure
 from karios.common.settings import KariosSettings
 
 
@@ -19,7 +20,9 @@ class ProvisionerConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KARIOS_PROVISIONER_", extra="ignore", populate_by_name=True)
 
     media_url: str = Field(
-        "", description="Base URL BMCs fetch media from (default: this service's own HTTP)"
+        "",
+        description="Base URL BMCs fetch media from (default: this service's own listener, https "
+        "with KARIOS_PROVISIONER_TLS)",
     )
     callback_url: str = Field(
         "", description="Gateway base URL the installer calls (default: KARIOS_PUBLIC_URL or the gateway)"
@@ -110,6 +113,13 @@ class ProvisionerConfig(BaseSettings):
     install_method: Literal["image", "preseed"] = Field(
         "image", description="How a provision installs the OS when the request names no install_method"
     )
+    wipe_policy: Literal["fast", "secure"] = Field(
+        "fast",
+        description="How an unprovision erases each disk. fast: signatures (both ends, backup copies), "
+        "a checked discard and zeroed signature regions. secure: first the strongest erase the device "
+        "supports (NVMe sanitize or format with secure erase, ATA security erase, SCSI sanitize; else "
+        "zeros over the first and last GiB), verified, then the fast steps (docs/installs.md)",
+    )
     image_mirror: str = Field(
         "", description="Debian mirror URL image builds (mmdebstrap) use (default: mirror_host/mirror_dir)"
     )
@@ -118,6 +128,14 @@ class ProvisionerConfig(BaseSettings):
         "",
         description="Base URL install targets fetch /images/ from, when they reach the provisioner "
         "at another address than BMCs do (default: media_url)",
+    )
+    ca_bundle: Path | None = Field(
+        None,
+        description="PEM file of CA certificates the image and wipe media carry: their live "
+        "environment adds them to its trust store, so curl verifies the provisioner's /images and "
+        "the gateway's callbacks over HTTPS, and the image install adds them to the installed "
+        "system's (its first-boot report). Default: KARIOS_TLS_CA_BUNDLE; unset: the live "
+        "environment's own trust store (Debian's ca-certificates)",
     )
     images_dir: Path | None = Field(
         None,
@@ -130,6 +148,15 @@ class ProvisionerConfig(BaseSettings):
         description="Seconds the probe before a build waits for a connection to the BMC (one retry); "
         "a BMC that accepts it and answers slowly gets bmc_timeout and bmc_retries",
     )
+    power_sync_interval: float = Field(
+        0.0,
+        ge=0,
+        description="Seconds between two reads of every known BMC's power state (registry, inspected "
+        "and configured BMCs); a change outside a job is an event. 0 = off",
+    )
+    power_sync_rate: float = Field(
+        2.0, gt=0, description="BMC power reads started per second at most during a power sync"
+    )
 
     @field_validator("bmc_endpoints")
     @classmethod
@@ -139,13 +166,43 @@ class ProvisionerConfig(BaseSettings):
                 raise ValueError(f"bmc_endpoints[{ip}].tls: {over['tls']!r} is not one of ca, tofu, insecure")
         return value
 
+    @field_validator("ca_bundle", mode="before")
+    @classmethod
+    def _empty_path_is_unset(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    def ca_pem(self) -> str:
+        """The CA certificates the install media carry (PEM text; "" when none is configured)."""
+        if self.ca_bundle is None:
+            return ""
+        try:
+            text = Path(self.ca_bundle).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PermanentFailure(
+                f"KARIOS_PROVISIONER_CA_BUNDLE {self.ca_bundle}: not readable ({exc})"
+            ) from exc
+        if "-----BEGIN CERTIFICATE-----" not in text:
+            raise PermanentFailure(f"KARIOS_PROVISIONER_CA_BUNDLE {self.ca_bundle}: no PEM certificate in it")
+        return text
+
     @classmethod
     def from_env(cls, settings: KariosSettings) -> ProvisionerConfig:
         cfg = cls()
         base = settings.state_dir / "provisioner"
-        cfg.media_url = cfg.media_url or f"http://{settings.host}:{settings.provisioner_port}"
+        scheme = settings.provisioner_scheme  # https with KARIOS_PROVISIONER_TLS
+        cfg.media_url = cfg.media_url or f"{scheme}://{settings.host}:{settings.provisioner_port}"
+        if scheme == "https":
+            for name in ("media_url", "image_url"):
+                if getattr(cfg, name).startswith("http://"):
+                    raise ValueError(
+                        f"KARIOS_PROVISIONER_{name.upper()} is http:// but the provisioner serves HTTPS "
+                        "only (KARIOS_PROVISIONER_TLS): use https://"
+                    )
+        cfg.ca_bundle = cfg.ca_bundle or settings.tls_ca_bundle
         cfg.callback_url = (
-            cfg.callback_url or settings.public_url or f"http://{settings.host}:{settings.gateway_port}"
+            cfg.callback_url
+            or settings.public_url
+            or f"{settings.gateway_scheme}://{settings.host}:{settings.gateway_port}"
         )
         cfg.cache_dir = cfg.cache_dir or base / "cache"
         cfg.media_dir = cfg.media_dir or base / "media"

@@ -10,6 +10,10 @@ from karios.common.contracts.provision import (
     AdmissionQuery,
     CallbackRequestV2,
     CancelJob,
+    ImageInfo,
+    ImageQuery,
+    JobRequestQuery,
+    JobRequestView,
     JobView,
     QueueEntry,
     QueueQuery,
@@ -25,6 +29,8 @@ class UseCases(Protocol):
     async def cancel(self, req: CancelJob) -> JobView: ...
     async def queue(self) -> list[QueueEntry]: ...
     async def admission(self) -> Admission: ...
+    async def image_info(self, q: ImageQuery) -> ImageInfo: ...
+    async def job_request(self, q: JobRequestQuery) -> JobRequestView: ...
 
 
 def wire(bus: Bus, svc: UseCases) -> None:
@@ -39,6 +45,12 @@ def wire(bus: Bus, svc: UseCases) -> None:
     async def on_admission(_q: AdmissionQuery) -> Admission:
         return await svc.admission()
 
+    async def on_image(q: ImageQuery) -> ImageInfo:
+        return await svc.image_info(q)
+
+    async def on_job_request(q: JobRequestQuery) -> JobRequestView:
+        return await svc.job_request(q)
+
     bus.command_handler("provision", StartProvision, on_start, verb="start", concurrency=32)
     bus.query_responder(subjects.request("provision", "step"), CallbackRequestV2, svc.step)
     bus.query_responder(subjects.request("provision", "complete"), CallbackRequestV2, svc.complete)
@@ -46,3 +58,5 @@ def wire(bus: Bus, svc: UseCases) -> None:
     bus.query_responder(subjects.request("provision", "cancel"), CancelJob, svc.cancel)
     bus.query_responder(subjects.query("provision", "queue"), QueueQuery, on_queue)
     bus.query_responder(subjects.query("provision", "admission"), AdmissionQuery, on_admission)
+    bus.query_responder(subjects.query("provision", "image"), ImageQuery, on_image)
+    bus.query_responder(subjects.query("provision", "job_request"), JobRequestQuery, on_job_request)

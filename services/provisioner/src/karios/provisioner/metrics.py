@@ -124,6 +124,61 @@ _OPS: tuple[tuple[str | None, re.Pattern[str], str], ...] = (
 )
 
 
+# Redfish resource collections: the segment after one is a member id (``System.Embedded.1``, a
+# UUID, ``1``, ``Cd``) — a route template names it ``{id}`` so span names stay few.
+_COLLECTIONS = frozenset(
+    (
+        "Systems",
+        "Managers",
+        "Chassis",
+        "Sessions",
+        "Accounts",
+        "Roles",
+        "VirtualMedia",
+        "Tasks",
+        "TaskMonitors",
+        "EthernetInterfaces",
+        "Processors",
+        "Memory",
+        "Storage",
+        "Drives",
+        "Volumes",
+        "Controllers",
+        "StorageControllers",
+        "PCIeDevices",
+        "PCIeFunctions",
+        "NetworkAdapters",
+        "NetworkPorts",
+        "NetworkDeviceFunctions",
+        "Ports",
+        "FirmwareInventory",
+        "SoftwareInventory",
+        "LogServices",
+        "Entries",
+        "Certificates",
+        "Subscriptions",
+        "Jobs",
+        "SimpleStorage",
+        "Registries",
+        "Sensors",
+        "PowerSupplies",
+        "Fans",
+    )
+)
+
+
+def redfish_route_template(path: str) -> str:
+    """``/redfish/v1/Systems/<id>/VirtualMedia/<id>`` → ``/redfish/v1/Systems/{id}/VirtualMedia/{id}``
+    (a bounded set of names; the full path stays in ``url.path``)."""
+    parts = path.rstrip("/").split("/")
+    out: list[str] = []
+    for i, seg in enumerate(parts):
+        prev = parts[i - 1] if i else ""
+        is_id = prev in _COLLECTIONS and seg not in ("Actions", "Oem", "Settings")
+        out.append("{id}" if is_id and seg else seg)
+    return "/".join(out) or "/"
+
+
 def bmc_operation(method: str, path: str) -> str:
     """The bounded operation name of a Redfish request (never the path itself)."""
     for want, pattern, name in _OPS:

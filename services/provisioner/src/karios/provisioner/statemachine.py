@@ -93,5 +93,23 @@ def is_terminal(state: State | str) -> bool:
     return INFO[State(state)].terminal
 
 
+#: The log level of the line a job's end writes (``jobs.service.JobService.move``): an outcome an
+#: operator expects is INFO, a failure ERROR, a stuck job (it may still come back) WARNING.
+END_LOG_LEVEL: dict[State, str] = {
+    S.completed: "info",
+    S.cancelled: "info",
+    S.failed: "error",
+    S.stuck: "warning",
+}
+
+
+def end_log_level(state: State | str, previous: State | str) -> str | None:
+    """The level of the "job ended" line for a move ``previous`` → ``state``; None for no line
+    (a state that ends nothing, or a repeat of the same state)."""
+    if State(state) == State(previous):
+        return None
+    return END_LOG_LEVEL.get(State(state))
+
+
 def is_active(state: State | str) -> bool:
     return State(state) in _ACTIVE

@@ -1,12 +1,17 @@
 """CloudEvents-style envelope carried by every command and event on the bus.
 
 ``id`` (UUIDv7) doubles as ``Nats-Msg-Id`` so JetStream's duplicate window drops a
-re-published message. ``correlationid`` follows one user action through every service;
+re-published message. ``correlationid`` follows one user action through every service: the
+gateway opens a :func:`correlation_scope` per request (its ``X-Correlation-Id``), every consumer
+one per delivery (the message's own ``correlationid``), and :func:`wrap` takes it from there;
 ``causationid`` names the message that caused this one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar
 
@@ -24,6 +29,28 @@ HEADER_TRACEPARENT = "traceparent"
 
 def new_id() -> str:
     return str(uuid6.uuid7())
+
+
+_CORRELATION: ContextVar[str | None] = ContextVar("karios_correlationid", default=None)
+
+
+def current_correlation() -> str | None:
+    """The correlation id of the user action this code runs for (None outside any)."""
+    return _CORRELATION.get()
+
+
+@contextmanager
+def correlation_scope(correlationid: str | None) -> Iterator[str | None]:
+    """Every message wrapped inside the block (and in tasks started from it) carries
+    ``correlationid``; ``None`` or "" leaves the enclosing one in place."""
+    if not correlationid:
+        yield _CORRELATION.get()
+        return
+    token = _CORRELATION.set(correlationid)
+    try:
+        yield correlationid
+    finally:
+        _CORRELATION.reset(token)
 
 
 class Envelope(BaseModel, Generic[T]):
@@ -60,12 +87,13 @@ def wrap(
     correlationid: str | None = None,
     msg_id: str | None = None,
 ) -> Envelope[Any]:
-    """Wrap a contract payload. Inherits correlation from ``cause`` when given."""
+    """Wrap a contract payload. Correlation: the explicit one, else the ``cause``'s, else the
+    enclosing :func:`correlation_scope`'s, else a new action (the message's own id)."""
     type_name = getattr(type(data), "TYPE", None)
     if not type_name:
         raise TypeError(f"{type(data).__name__} is not a bus contract (no TYPE)")
     eid = msg_id or new_id()
-    corr = correlationid or (cause.correlationid if cause else None) or eid
+    corr = correlationid or (cause.correlationid if cause else None) or _CORRELATION.get() or eid
     return Envelope[type(data)](  # type: ignore[misc]
         id=eid,
         type=type_name,

@@ -48,7 +48,9 @@ async def answer_query(data: bytes | None, model: type[Contract], handler: Query
         # TimeoutError in a handler during a PostgreSQL stall used to answer 500 (issue 24 D1).
         unavailable = unavailable_database_error(exc)
         if unavailable is not None:
-            log.warning("query handler: database unavailable", query=model.TYPE, cause=describe_for_log(exc))
+            # A full disk (STORAGE_FULL) is the asker's 503 too, with a longer Retry-After.
+            what = "storage full" if unavailable.code == "STORAGE_FULL" else "database unavailable"
+            log.warning(f"query handler: {what}", query=model.TYPE, cause=describe_for_log(exc))
             return Reply(ok=False, error=ErrorBody.of(unavailable))
         # The asker sees an opaque INTERNAL; the redacted cause stays in this service's log.
         log.error("query handler failed", query=model.TYPE, cause=describe_for_log(exc))

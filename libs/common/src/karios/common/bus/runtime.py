@@ -27,10 +27,10 @@ import nats.errors
 import nats.js.errors
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
-from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from faststream.nats.security import NatsUserPassword
 from nats.js.api import AckPolicy as ServerAckPolicy
 from nats.js.api import ConsumerConfig, PubAck
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from karios.common.bus.broadcasts import ApiTokenChanged
 from karios.common.bus.commands import CommandHandler, HandlerContext, consume_command
@@ -54,14 +54,17 @@ from karios.common.bus.deadletter import (
 )
 from karios.common.bus.envelope import Envelope, RawEnvelope, wrap
 from karios.common.bus.replies import QueryHandler, answer_query
-from karios.common.bus.streams import ensure_streams, reconcile_consumer
+from karios.common.bus.streams import EVT_MAX_BYTES, ensure_streams, reconcile_consumer
 from karios.common.bus.subjects import Subjects
-from karios.common.bus.tracing import producer_span
+from karios.common.bus.tracing import producer_span, telemetry_middleware
 from karios.common.contracts.base import Command, Contract, Event, Reply
 from karios.common.errors import (
     ServiceUnavailable,
+    StorageFull,
     error_from_dict,
+    resource_error,
 )
+from karios.common.storage import StorageAlarm
 from karios.common.telemetry import current_traceparent, get_logger
 
 log = get_logger(__name__)
@@ -95,24 +98,34 @@ class Bus:
     ack_wait: float = 60.0
     request_timeout: float = 5.0
     replicas: int = 1
+    events_max_bytes: int = EVT_MAX_BYTES
+    #: NATS user and password (KARIOS_NATS_USER / KARIOS_NATS_PASSWORD); unset: none, or the URL's.
+    user: str = ""
+    password: SecretStr | None = field(default=None, repr=False)
     broker: NatsBroker = field(init=False)
     _consumers: list[tuple[str, ConsumerConfig]] = field(default_factory=list, init=False)
     _pulls: list[PullConsumer[Any]] = field(default_factory=list, init=False)
     _stopping: bool = field(default=False, init=False)
+    #: On while JetStream refuses publishes for want of space (``/readyz`` check ``storage``).
+    storage: StorageAlarm = field(default_factory=lambda: StorageAlarm("bus"), init=False)
 
     def __post_init__(self) -> None:
+        security = None
+        if self.user and self.password is not None:
+            security = NatsUserPassword(self.user, self.password.get_secret_value())
         self.broker = NatsBroker(
             self.servers,
+            security=security,
             connect_timeout=2,
             # Never give up: a NATS outage of any length ends by itself when the server returns.
             max_reconnect_attempts=-1,
             reconnect_to_server_handler=reconnect_backoff,
             disconnected_cb=self._on_disconnected,
             reconnected_cb=self._on_reconnected,
-            middlewares=[NatsTelemetryMiddleware()],
+            middlewares=[telemetry_middleware()],
             # An explicit logger: FastStream's default one prints plain text past the JSON pipeline;
             # its per-message "Received"/"Processed" lines are DEBUG (the spans record deliveries).
-            logger=logging.getLogger("karios.bus.faststream"),
+            logger=_faststream_logger(),
             log_level=logging.DEBUG,
         )
 
@@ -146,13 +159,16 @@ class Bus:
             retry_delay=settings.retry_delay,
             request_timeout=settings.request_timeout,
             replicas=getattr(settings, "bus_replicas", 1),
+            events_max_bytes=int(getattr(settings, "bus_events_max_bytes", EVT_MAX_BYTES)),
+            user=getattr(settings, "nats_user", ""),
+            password=getattr(settings, "nats_password", None),
         )
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
         await self.broker.connect()
         js = self.js
-        await ensure_streams(js, self.subjects, self.replicas)
+        await ensure_streams(js, self.subjects, self.replicas, self.events_max_bytes)
         for stream, cfg in self._consumers:
             await reconcile_consumer(js, stream, cfg)
         await self.broker.start()
@@ -195,13 +211,28 @@ class Bus:
         with producer_span(self.service, env, subject):
             env.traceparent = current_traceparent()  # the consumer's parent is this send span
             try:
-                return await self.js.publish(
+                ack = await self.js.publish(
                     subject, env.model_dump_json().encode(), headers=env.headers(), timeout=5.0
                 )
+            except nats.js.errors.APIError as exc:
+                # The stream's store refused it: full (503 STORAGE_FULL, the alarm on) or a
+                # stream with no leader for a moment (503); never a 500.
+                short = resource_error(exc)
+                if isinstance(short, StorageFull):
+                    self.storage.record_full()
+                    log.error("message store full: publish refused", subject=subject, error=str(exc)[:300])
+                    raise short from exc
+                if isinstance(exc, _UNAVAILABLE):
+                    raise ServiceUnavailable(
+                        "the message bus did not confirm the publish; try again shortly"
+                    ) from exc
+                raise
             except _UNAVAILABLE as exc:
                 raise ServiceUnavailable(
                     "the message bus did not confirm the publish; try again shortly"
                 ) from exc
+            self.storage.record_ok()
+            return ack
 
     async def publish_event(
         self,
@@ -316,15 +347,19 @@ class Bus:
             no_reply=True,
         )(consume)
 
-    def query_responder(self, subject: str, model: type[Contract], handler: QueryHandler) -> None:
-        """Answer request/reply queries; every replica joins one queue group."""
+    def query_responder(
+        self, subject: str, model: type[Contract], handler: QueryHandler, *, max_workers: int = 1
+    ) -> None:
+        """Answer request/reply queries; every replica joins one queue group. ``max_workers``: how
+        many this replica answers at once (1: in order; a handler that waits on a BMC for seconds
+        wants more, or one slow answer holds every later one)."""
 
         async def respond(body: Any, msg: NatsMessage) -> bytes:
             reply = await answer_query(msg.raw_message.data, model, handler)
             # FastStream sends the returned bytes to the requester's reply subject.
             return reply.model_dump_json().encode()
 
-        self.broker.subscriber(subject, queue=f"{self.service}")(respond)
+        self.broker.subscriber(subject, queue=f"{self.service}", max_workers=max_workers)(respond)
 
     # -- broadcast (every replica) ---------------------------------------------------
     async def broadcast(self, message: Contract, subject: str) -> None:
@@ -390,3 +425,29 @@ class Bus:
         await consumer.start()
         self._pulls.append(consumer)
         return consumer
+
+
+class _EmptyFetchRetry(logging.Filter):
+    """FastStream's task supervisor logs at ERROR, with a traceback, "Task-N raised an exception,
+    retrying..." when a pull consumer's fetch ends in the plain ``TimeoutError`` nats-py raises for
+    an empty fetch (FastStream suppresses only ``nats.errors.TimeoutError``). The task is restarted
+    at once and nothing is lost, so a healthy idle consumer would page someone: that record is
+    DEBUG. Any other exception of a task stays an ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if (
+            record.levelno >= logging.ERROR
+            and isinstance(exc, TimeoutError)
+            and "raised an exception, retrying" in str(record.msg)
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def _faststream_logger() -> logging.Logger:
+    logger = logging.getLogger("karios.bus.faststream")
+    if not any(isinstance(f, _EmptyFetchRetry) for f in logger.filters):
+        logger.addFilter(_EmptyFetchRetry())
+    return logger

@@ -32,12 +32,23 @@ _NOT_ANSWERING = (
 
 CMD_DUPLICATE_WINDOW_S = 120.0
 EVT_MAX_AGE_S = 7 * 24 * 3600.0
+#: The event stream's size limit unless ``KARIOS_BUS_EVENTS_MAX_BYTES`` says otherwise (JetStream
+#: reserves it on every server storing the stream: see :data:`STORAGE_EXCEEDED`).
 EVT_MAX_BYTES = 1 << 30
 DLQ_MAX_AGE_S = 30 * 24 * 3600.0
 
 
+#: JetStream's error code when a stream's ``max_bytes`` does not fit the server's file store
+#: (nats-server takes 75 % of its store directory's free space when none is configured).
+STORAGE_EXCEEDED = 10047
+
+
 class ReplicasUnavailable(RuntimeError):
     """The streams' declared replica count cannot be applied on this NATS deployment."""
+
+
+class StorageUnavailable(RuntimeError):
+    """A stream's size limit does not fit the JetStream store of the server; names the setting."""
 
 
 def _file_stream(name: str, subject: str, description: str, replicas: int, **limits: object) -> StreamConfig:
@@ -51,9 +62,12 @@ def _file_stream(name: str, subject: str, description: str, replicas: int, **lim
     )
 
 
-def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
+def stream_configs(
+    subjects: Subjects, replicas: int = 1, events_max_bytes: int = EVT_MAX_BYTES
+) -> list[StreamConfig]:
     """Every stream, each stored on ``replicas`` servers (``KARIOS_BUS_REPLICAS``: 1, or 3 on a
-    3-node JetStream cluster). Durable consumers inherit their stream's replica count."""
+    3-node JetStream cluster); the event stream keeps at most ``events_max_bytes``
+    (``KARIOS_BUS_EVENTS_MAX_BYTES``). Durable consumers inherit their stream's replica count."""
     return [
         _file_stream(
             subjects.cmd_stream,
@@ -70,7 +84,7 @@ def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
             replicas,
             retention=RetentionPolicy.LIMITS,
             max_age=EVT_MAX_AGE_S,
-            max_bytes=EVT_MAX_BYTES,
+            max_bytes=events_max_bytes,
             discard=DiscardPolicy.OLD,
             duplicate_window=CMD_DUPLICATE_WINDOW_S,
         ),
@@ -110,13 +124,16 @@ async def _retrying(what: str, call: Callable[[], Awaitable[T]], budget: float =
             delay = min(delay * 2, 5.0)
 
 
-async def ensure_streams(js: JetStreamContext, subjects: Subjects, replicas: int = 1) -> None:
+async def ensure_streams(
+    js: JetStreamContext, subjects: Subjects, replicas: int = 1, events_max_bytes: int = EVT_MAX_BYTES
+) -> None:
     """Create the streams or bring their mutable settings in line with the declaration.
 
     The replica count is mutable on a cluster: an existing R1 stream is scaled to R3 (and back)
     by the server, which copies the data to the new peers. A single server refuses R > 1:
-    :class:`ReplicasUnavailable` names the setting instead of a bare server error."""
-    for cfg in stream_configs(subjects, replicas):
+    :class:`ReplicasUnavailable` names the setting instead of a bare server error; a size limit
+    larger than the server's store, :class:`StorageUnavailable`."""
+    for cfg in stream_configs(subjects, replicas, events_max_bytes):
         try:
             try:
                 info = await _retrying(cfg.name, lambda c=cfg: js.stream_info(c.name))
@@ -130,6 +147,12 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, replicas: int
                 raise ReplicasUnavailable(
                     f"stream {cfg.name}: KARIOS_BUS_REPLICAS={replicas} needs a JetStream cluster of "
                     f"at least {replicas} servers ({exc.description})"
+                ) from exc
+            if exc.err_code == STORAGE_EXCEEDED:
+                raise StorageUnavailable(
+                    f"stream {cfg.name}: its size limit ({cfg.max_bytes} bytes, KARIOS_BUS_EVENTS_MAX_BYTES"
+                    " for the event stream) does not fit the JetStream store of the NATS server "
+                    f"({exc.description}): lower KARIOS_BUS_EVENTS_MAX_BYTES or give NATS more disk"
                 ) from exc
             raise
         if info.config.num_replicas != replicas:

@@ -2,20 +2,65 @@
 
 A publish to JetStream (command or event) is a ``PRODUCER`` span ``send <subject>`` whose context
 travels in the envelope's ``traceparent`` (and header); a command delivery is a ``CONSUMER``
-span ``process <subject>`` continuing it. Queries and broadcasts go through FastStream, whose
-telemetry middleware makes the same pair.
+span ``process <subject>`` continuing it — one per delivery: under FastStream's own delivery span
+(its telemetry middleware) that span is named and annotated instead of getting a child. Queries and
+broadcasts go through FastStream, whose telemetry middleware makes the same pair; its span names
+never carry a reply inbox (``_INBOX.<random>``: unbounded names) — see :func:`telemetry_middleware`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from faststream.nats.opentelemetry.provider import (
+    NatsBatchTelemetrySettingsProvider,
+    NatsTelemetrySettingsProvider,
+)
+from faststream.opentelemetry.middleware import TelemetryMiddleware
+from nats.aio.msg import Msg
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from karios.common.bus.envelope import correlation_scope
 from karios.common.telemetry import context_from_headers
+
+TEMPORARY = "(temporary)"
+
+
+def span_destination(subject: str) -> str:
+    """A subject as a span name may carry it: a request's reply inbox is temporary (the
+    OpenTelemetry messaging conventions' ``(temporary)``), never its random name."""
+    return TEMPORARY if subject.startswith("_INBOX.") else subject
+
+
+class _Provider(NatsTelemetrySettingsProvider):
+    def get_publish_destination_name(self, cmd: Any) -> str:
+        return span_destination(cmd.destination)
+
+    def get_consume_destination_name(self, msg: Any) -> str:
+        return span_destination(msg.raw_message.subject)
+
+
+class _BatchProvider(NatsBatchTelemetrySettingsProvider):
+    def get_publish_destination_name(self, cmd: Any) -> str:
+        return span_destination(cmd.destination)
+
+    def get_consume_destination_name(self, msg: Any) -> str:
+        return span_destination(msg.raw_message[0].subject)
+
+
+def _providers(msg: Any) -> Any:
+    """FastStream's NATS provider factory, with our providers (KV/object watches: none)."""
+    if isinstance(msg, Sequence):
+        return _BatchProvider()
+    return _Provider() if msg is None or isinstance(msg, Msg) else None
+
+
+def telemetry_middleware() -> TelemetryMiddleware[Any]:
+    """FastStream's NATS telemetry middleware with bounded span names."""
+    return TelemetryMiddleware(settings_provider_factory=_providers, include_messages_counters=True)
 
 
 def destination_template(subject: str, entity: str) -> str:
@@ -61,17 +106,22 @@ def consumer_span(
     carrier = dict(headers or {})
     if "traceparent" not in carrier and getattr(env, "traceparent", None):
         carrier["traceparent"] = env.traceparent
-    # Under FastStream's own delivery span (its telemetry middleware continued the same header):
-    # a child of it; otherwise continue the message's trace from its headers.
-    current = trace.get_current_span().get_span_context()
-    context = None if current.is_valid else context_from_headers(carrier)
-    with tracer.start_as_current_span(
-        f"process {destination_template(subject, env.subject)}",
-        context=context,
-        kind=SpanKind.CONSUMER,
-        attributes=attrs,
-    ) as span:
-        yield span
+    name = f"process {destination_template(subject, env.subject)}"
+    with correlation_scope(env.correlationid):
+        # Under FastStream's own delivery span (its telemetry middleware continued the same
+        # header): that span is this delivery's one CONSUMER span — named and annotated here.
+        current = trace.get_current_span()
+        if current.is_recording() and getattr(current, "kind", None) == SpanKind.CONSUMER:
+            current.update_name(name)
+            current.set_attributes(attrs)
+            yield current
+            return
+        # Otherwise continue the message's trace from its headers (or the enclosing span's).
+        context = None if current.get_span_context().is_valid else context_from_headers(carrier)
+        with tracer.start_as_current_span(
+            name, context=context, kind=SpanKind.CONSUMER, attributes=attrs
+        ) as span:
+            yield span
 
 
 @contextmanager

@@ -65,13 +65,19 @@ _ENVELOPE_FIELDS = {
     "specversion": {"type": "string", "const": "1.0"},
     "id": {
         "type": "string",
-        "description": "UUIDv7, unique per message; also the Nats-Msg-Id header. "
+        "description": "unique per message; also the Nats-Msg-Id header: a UUIDv7 for an event, "
+        "a command's dedupe id for a command (e.g. its job id, a UUIDv4). "
         "De-duplicate on it: delivery is at least once",
     },
     "source": {"type": "string", "description": "the emitting service"},
     "time": {"type": "string", "format": "date-time"},
     "subject": {"type": "string", "description": "the entity: job id, node IP, BMC IP"},
-    "correlationid": {"type": "string", "description": "one user action across every service"},
+    "correlationid": {
+        "type": "string",
+        "description": "one user action across every service: the X-Correlation-Id of the API request "
+        "that started it (the caller's, or one the gateway made; every response names it), carried "
+        "by every command and event that action causes, in every service",
+    },
     "causationid": {"type": ["string", "null"], "description": "the id of the message that caused this one"},
     "traceparent": {"type": ["string", "null"], "description": "W3C trace context"},
     "datacontenttype": {"type": "string", "const": "application/json"},

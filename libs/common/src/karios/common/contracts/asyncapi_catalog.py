@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from karios.common.bus.deadletter import CommandFailed
 from karios.common.bus.subjects import Subjects
 from karios.common.contracts.base import Contract
+from karios.common.contracts.discovery import ServerAdopted, ServerDiscovered
 from karios.common.contracts.fabric_rollout import (
     DriftFinding,
     FabricDriftEvent,
@@ -23,6 +24,8 @@ from karios.common.contracts.fabric_rollout import (
     StartFabricApply,
     StartFabricTeardown,
 )
+from karios.common.contracts.firmware import FirmwareComponentResult, FirmwareUpdateProgress
+from karios.common.contracts.hardware import BmcCredentialsRotated, HardwareInspected, PowerStateChanged
 from karios.common.contracts.inventory import DeviceChanged, NodeRegistered
 from karios.common.contracts.nodes import ComputeNodeChanged
 from karios.common.contracts.provision import JobProgress, ProvisionSpec, StartProvision
@@ -82,7 +85,9 @@ EVENT_ROUTES = (
                 "`failed`/`cancelled` are also published by the gateway when it ends a job it lost)",
                 ("queued", "building_media", "booting", "completed", "failed"),
             ),
-            "jobId": Parameter("the job id (UUIDv7)", ("0192f6a4-5b1e-7c3d-8e9f-0a1b2c3d4e5f",)),
+            "jobId": Parameter(
+                "the job id (a UUID: UUIDv4 today)", ("0192f6a4-5b1e-7c3d-8e9f-0a1b2c3d4e5f",)
+            ),
         },
         stream="KARIOS_EVT",
     ),
@@ -141,6 +146,78 @@ EVENT_ROUTES = (
         stream="KARIOS_EVT",
     ),
     Route(
+        "inventoryHardwareInspected",
+        SUBJECTS.evt("inventory", "hardware.inspected", param("bmcIp")),
+        "A server's hardware was read through its BMC (`POST /controlnode/bmc/{ip}/inspect`) and its "
+        "hardware record replaced; a summary (the record: `GET /controlnode/bmc/{ip}/hardware`).",
+        (HardwareInspected,),
+        {"provisioner": (HardwareInspected,)},
+        {
+            "api-gateway": _ALL,
+            "inventory": "durable pull consumer `inventory-writeback` (one replica per event), only "
+            "with `KARIOS_INVENTORY_WRITEBACK` on: writes the record back to NetBox",
+        },
+        {"bmcIp": Parameter(f"the BMC IP, {_ENTITY_IP}", ("10_99_0_1",))},
+        stream="KARIOS_EVT",
+    ),
+    Route(
+        "inventoryServerDiscovered",
+        SUBJECTS.evt("inventory", "server.discovered", param("bootMac")),
+        "A machine no host owned PXE-booted the live environment in discovery mode "
+        "(`BOOTAPI_DISCOVERY_ENABLED`) and reported its hardware: a new discovered server "
+        "(`created`), or a known one whose report changed; a summary (the record: "
+        "`GET /controlnode/discovered/{id}`).",
+        (ServerDiscovered,),
+        {"provisioner": (ServerDiscovered,)},
+        {"api-gateway": _ALL},
+        {"bootMac": Parameter("the MAC it PXE-booted from, `aa:bb:cc:dd:ee:ff`", ("52:54:00:12:34:56",))},
+        stream="KARIOS_EVT",
+    ),
+    Route(
+        "inventoryServerAdopted",
+        SUBJECTS.evt("inventory", "server.adopted", param("bootMac")),
+        "An operator adopted a discovered server (`POST /controlnode/discovered/{id}/adopt`); the "
+        "NetBox device to create comes with the answer.",
+        (ServerAdopted,),
+        {"provisioner": (ServerAdopted,)},
+        {"api-gateway": _ALL},
+        {"bootMac": Parameter("the MAC it PXE-booted from, `aa:bb:cc:dd:ee:ff`", ("52:54:00:12:34:56",))},
+        stream="KARIOS_EVT",
+    ),
+    Route(
+        "provisionBmcCredentialsRotated",
+        SUBJECTS.evt("provision", "bmc.credentials_rotated", param("bmcIp")),
+        "A BMC account got a new random password, verified and stored encrypted "
+        "(`POST /controlnode/bmc/{ip}/rotate-credentials`). Never carries the password.",
+        (BmcCredentialsRotated,),
+        {"provisioner": (BmcCredentialsRotated,)},
+        {"api-gateway": _ALL},
+        {"bmcIp": Parameter(f"the BMC IP, {_ENTITY_IP}", ("10_99_0_1",))},
+        stream="KARIOS_EVT",
+    ),
+    Route(
+        "provisionFirmwareProgress",
+        SUBJECTS.evt("provision", "firmware.progress", param("bmcIp")),
+        "A firmware update moved: state, percent, the BMC Task's state and messages; the last one "
+        "carries the per-component versions before and after (`POST /controlnode/bmc/{ip}/firmware-update`).",
+        (FirmwareUpdateProgress,),
+        {"provisioner": (FirmwareUpdateProgress,)},
+        {"api-gateway": _ALL},
+        {"bmcIp": Parameter(f"the BMC IP, {_ENTITY_IP}", ("10_99_0_1",))},
+        stream="KARIOS_EVT",
+    ),
+    Route(
+        "provisionPowerChanged",
+        SUBJECTS.evt("provision", "power.changed", param("bmcIp")),
+        "A server's power state changed while no Karios job worked on it (seen by the periodic "
+        "power sync, `KARIOS_PROVISIONER_POWER_SYNC_INTERVAL`): e.g. powered off by someone else.",
+        (PowerStateChanged,),
+        {"provisioner": (PowerStateChanged,)},
+        {"api-gateway": _ALL},
+        {"bmcIp": Parameter(f"the BMC IP, {_ENTITY_IP}", ("10_99_0_1",))},
+        stream="KARIOS_EVT",
+    ),
+    Route(
         "commandFailed",
         SUBJECTS.evt(param("domain"), "command_failed", param("entity")),
         "A command was given up on (permanent error or retries exhausted) and dead-lettered.",
@@ -192,6 +269,77 @@ _JOB = "0192f6a4-5b1e-7c3d-8e9f-0a1b2c3d4e5f"
 
 #: One example payload per event and command (validated by the model when this module loads).
 EXAMPLES: dict[type[Contract], Contract] = {
+    HardwareInspected: HardwareInspected(
+        bmc_ip="10.99.0.1",
+        inspected_at="2026-01-01T12:00:00+00:00",
+        driver="dell",
+        manufacturer="Dell Inc.",
+        model="PowerEdge R750",
+        serial="CNIVC0014M0388",
+        power_state="On",
+        processor_count=2,
+        memory_total_gib=512,
+        drive_count=3,
+        nic_count=5,
+        gpu_count=1,
+        firmware_count=21,
+    ),
+    ServerDiscovered: ServerDiscovered(
+        id="0192f6a4-7000-4000-8000-00000000d15c",
+        boot_mac="b8:ce:f6:01:02:03",
+        created=True,
+        serial="7XK1MN3",
+        manufacturer="Dell Inc.",
+        model="PowerEdge R750",
+        processor_threads=72,
+        memory_mib=257614,
+        drive_count=3,
+        nic_count=3,
+        gpu_count=1,
+        ip="10.20.0.99",
+    ),
+    ServerAdopted: ServerAdopted(
+        id="0192f6a4-7000-4000-8000-00000000d15c",
+        boot_mac="b8:ce:f6:01:02:03",
+        serial="7XK1MN3",
+        hostname="r750-01",
+        adopted_by="ops-alice",
+    ),
+    PowerStateChanged: PowerStateChanged(
+        bmc_ip="10.99.0.1",
+        previous="On",
+        current="Off",
+        change="powered_off",
+        health="OK",
+        observed_at="2026-01-01T12:05:00+00:00",
+        previous_read_at="2026-01-01T12:00:00+00:00",
+    ),
+    BmcCredentialsRotated: BmcCredentialsRotated(
+        bmc_ip="10.99.0.1",
+        username="root",
+        rotated_at="2026-01-01T12:00:00+00:00",
+        verified_by="session",
+        requested_by="admin",
+    ),
+    FirmwareUpdateProgress: FirmwareUpdateProgress(
+        job_id="0192f6a4-7000-4000-8000-00000000f1a5",
+        bmc_ip="10.99.0.1",
+        state="succeeded",
+        percent=100,
+        task_state="Completed",
+        message="Job completed successfully.",
+        components=[
+            FirmwareComponentResult(
+                id="Installed-159-1.8.2__BIOS.Setup.1-1",
+                name="BIOS",
+                kind="bios",
+                uri="/redfish/v1/UpdateService/FirmwareInventory/Installed-159-1.8.2__BIOS.Setup.1-1",
+                version_before="1.8.2",
+                version_after="1.9.0",
+                outcome="updated",
+            )
+        ],
+    ),
     JobProgress: JobProgress(
         job_id=_JOB,
         bmc_ip="10.99.0.1",

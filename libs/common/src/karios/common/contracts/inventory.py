@@ -224,6 +224,7 @@ class BmcHardware(BaseModel):
     device_id: int | None = None
     device_name: str
     bmc_ip: str
+    serial: str = Field("", description="The device's serial number in the inventory ('' none recorded)")
     disks: list[Disk] = Field(default_factory=list)
     gpus: list[Gpu] = Field(default_factory=list)
     nics: list[Nic] = Field(default_factory=list)

@@ -130,6 +130,44 @@ class CancelJob(Query):
     job_id: str
 
 
+class JobRequestQuery(Query):
+    """What one provision job was asked to do (``q.provision.job_request``; 404 unknown job)."""
+
+    TYPE = "karios.provision.job_request_query.v1"
+    job_id: str
+
+
+class JobRequestView(BaseModel):
+    """A job's request as the provisioner stored it, without its secrets: the console's job page
+    (hostname, OS, method) and its retry, which sends the same request again. A password is
+    never answered, only whether the request carried one (a retry asks for it again)."""
+
+    job_id: str
+    job_type: str = "provision"
+    bmc_ip: str
+    vendor: str = ""
+    hostname: str = ""
+    debian_version: str = "12"
+    install_method: str = Field("", description="The request's method ('': the deployment's default)")
+    method: str = Field("", description="The method the job uses (image | preseed | wipe)")
+    arch: str = "amd64"
+    os_username: str = "debian"
+    selected_disks: list[str] = Field(default_factory=list)
+    pool_type: str = "single"
+    selected_nic: str = ""
+    selected_nic_mac: str = ""
+    ssh_authorized_keys: list[str] = Field(default_factory=list)
+    mirror: str = ""
+    http_proxy: str = ""
+    gpu_passthrough: Any = None
+    controlnode_host: str = ""
+    controlnode_port: str = ""
+    prefix_id: int | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    has_os_password: bool = False
+    has_root_pass: bool = False
+
+
 class QueueQuery(Query):
     TYPE = "karios.provision.queue_query.v1"
 
@@ -163,6 +201,22 @@ class Admission(BaseModel):
     active: int  # admitted jobs not yet booting (queued once admitted, building_media, mounting)
     active_by_vendor: dict[str, int] = Field(default_factory=dict)
     queued: int
+
+
+class ImageQuery(Query):
+    """The image a provision would install, for the gateway's disk-size check before the 202."""
+
+    TYPE = "karios.provision.image_query.v1"
+    suite: str  # the Debian suite of the request's debian_version
+    install_method: str | None = None  # the request's (None: the provisioner's default)
+
+
+class ImageInfo(BaseModel):
+    method: str  # the install method such a job uses
+    suite: str
+    # What the image takes once installed (its manifest); None: unknown (not built yet, or a
+    # method without an image, like preseed) — the gateway then checks nothing.
+    installed_bytes: int | None = None
 
 
 class JobView(BaseModel):

@@ -4,7 +4,9 @@ No database call may hang a request: connecting, waiting for a pooled connection
 statement are bounded (asyncpg ``timeout``/``command_timeout``, the pool's ``pool_timeout``, and
 the server's ``statement_timeout`` as a backstop). A call that runs out of time, or finds the
 database gone, surfaces as :class:`ServiceUnavailable` (HTTP 503 + ``Retry-After``) through
-:func:`unavailable_database_error`.
+:func:`unavailable_database_error`; a full disk (SQLSTATE 53100) as :class:`StorageFull`, which
+also turns the database's :class:`StorageAlarm` on (``/readyz`` check ``storage``) until a probe
+write succeeds (:meth:`Database.probe_write`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from karios.common.errors import ServiceUnavailable
+from karios.common.errors import ServiceUnavailable, StorageFull, resource_error
+from karios.common.storage import StorageAlarm
 
 #: Default bounds (seconds); services pass ``KariosSettings.db_*`` values.
 CONNECT_TIMEOUT_S = 3.0
@@ -29,7 +32,12 @@ COMMAND_TIMEOUT_S = 5.0
 
 def unavailable_database_error(exc: BaseException) -> ServiceUnavailable | None:
     """A :class:`ServiceUnavailable` when ``exc`` (or its cause) means the database is stalled,
-    unreachable or dropped the connection; ``None`` for any other error (a real bug: 500)."""
+    unreachable or dropped the connection, or is out of room (:class:`StorageFull`) or another
+    resource (:func:`~karios.common.errors.resource_error`); ``None`` for any other error (a real
+    bug: 500)."""
+    short = resource_error(exc)
+    if short is not None:
+        return short
     seen: BaseException | None = exc
     for _ in range(5):  # the driver error is at most a few ``__cause__`` links down
         if seen is None:
@@ -60,6 +68,11 @@ _DRIVER_UNAVAILABLE = frozenset(
         "InterfaceError",
     }
 )
+
+
+_PROBE_TABLE = sa.text("CREATE TEMP TABLE karios_storage_probe (b text) ON COMMIT DROP")
+_PROBE_ROW = sa.text("INSERT INTO karios_storage_probe VALUES ('probe')")
+_PROBE_SQL = frozenset({_PROBE_TABLE.text, _PROBE_ROW.text})
 
 
 class DatabaseUnreachable(ConnectionError):
@@ -106,6 +119,10 @@ class Database:
             },
         )
         event.listen(self.engine.sync_engine, "do_connect", _connect_or_unreachable)
+        #: On while the last write failed for a full disk; every statement's error passes here
+        #: (requests, background writers, relays alike), whatever the caller makes of it.
+        self.storage = StorageAlarm("database")
+        event.listen(self.engine.sync_engine, "handle_error", self._on_error)
         # expire_on_commit=False: attribute access after commit would otherwise need I/O.
         self.sessions = async_sessionmaker(self.engine, class_=AsyncSession, expire_on_commit=False)
 
@@ -122,6 +139,30 @@ class Database:
                     await conn.execute(sa.text("SELECT 1"))
         except Exception:
             return False
+        return True
+
+    def _on_error(self, context: sa.engine.ExceptionContext) -> None:
+        if context.statement in _PROBE_SQL:
+            return  # the probe still failing keeps the alarm on; it is no refused write of a caller
+        if isinstance(resource_error(context.original_exception), StorageFull):
+            self.storage.record_full()
+
+    async def probe_write(self, timeout: float = 1.5) -> bool:  # noqa: ASYNC109 (a readiness bound)
+        """Whether the database can write a new page now: a temporary table (gone with the
+        rolled-back transaction) gets one row, which needs a fresh block on disk — the write a
+        full disk refuses. Clears the storage alarm when it succeeds."""
+        try:
+            async with asyncio.timeout(timeout):
+                async with self.engine.connect() as conn:
+                    trans = await conn.begin()
+                    try:
+                        await conn.execute(_PROBE_TABLE)
+                        await conn.execute(_PROBE_ROW)
+                    finally:
+                        await trans.rollback()
+        except Exception:
+            return False
+        self.storage.record_ok()
         return True
 
     async def ping_or_raise(self) -> None:

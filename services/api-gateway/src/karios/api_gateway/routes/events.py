@@ -39,7 +39,9 @@ def parse_channels(raw: list[str] | None) -> set[str] | None:
     description=(
         "Relays Karios events. `channel` (repeatable or comma-separated): `provision`, `fabric`, "
         "`job:<id>`, `node:<ip>`; none means all. Each event's `id` is its stream sequence: reconnect "
-        "with `Last-Event-ID` to receive exactly the events missed. A client that falls behind receives "
+        "with `Last-Event-ID` to receive exactly the events missed. The first frame (`: connected`) of a "
+        "stream opened without `Last-Event-ID` carries only an `id`: the sequence the stream starts after, "
+        "so a client resumes without a gap even before its first event. A client that falls behind receives "
         "an `event: reconnect` and should reconnect with `Last-Event-ID`. Browsers may pass the token "
         "as `access_token` query parameter (EventSource cannot set headers)."
     ),

@@ -90,7 +90,8 @@ FORCE = Query(
 _APPLY_409 = {
     "description": "An apply/teardown is running, no node registered, the config is incomplete, or "
     "FABRIC_PREFLIGHT_BLOCKED: details.blockers names each node (and its MTU) the last preflight "
-    "found unfit; details.max_vxlan_mtu is the largest vxlan_mtu the underlay carries"
+    "found unfit (the first 100; details.blockers_total counts them all); details.max_vxlan_mtu is "
+    "the largest vxlan_mtu the underlay carries"
 }
 
 

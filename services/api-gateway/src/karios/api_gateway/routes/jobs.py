@@ -10,8 +10,19 @@ job's state expects (provisioner ``jobs/tokens.py``): anything else is a 409 nam
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+import sqlalchemy as sa
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, Field
+from sqlmodel import col, select
 
 from karios.api_gateway.auth import Principal, Role, require
 from karios.api_gateway.models import (
@@ -34,7 +45,7 @@ from karios.common.contracts.provision import (
     job_token_hash,
 )
 from karios.common.crypto import SecretBox
-from karios.common.errors import Conflict, NotFound
+from karios.common.errors import Conflict, NotFound, ValidationFailed
 from karios.common.http import ErrorResponse
 from karios.common.provisioning import (
     TERMINAL_STATES,
@@ -51,6 +62,67 @@ async def _job(request: Request, job_id: str) -> JobRow:
     if row is None:
         raise NotFound(f"no job {job_id}")
     return row
+
+
+class JobPage(BaseModel):
+    """``GET /controlnode/jobs``: one page of jobs, newest first, and how many match."""
+
+    items: list[JobOut]
+    total: int = Field(description="Jobs matching the filters (all pages)")
+
+
+JobStatus = Literal["running", "completed", "failed", "cancelled", "stuck"]
+
+
+@router.get(
+    "/jobs",
+    response_model=JobPage,
+    summary="Jobs, newest first: history and active (filters: status, since, BMC, id prefix)",
+    description="Every provisioning job the gateway has seen, ended ones included (the queue, "
+    "`GET /controlnode/provision/queue`, has only active ones). `id_prefix` finds a job from the "
+    "first characters of its id (a client's prefix lookup).",
+)
+async def list_jobs(
+    request: Request,
+    status: Annotated[list[JobStatus], Query(description="Only jobs with one of these statuses")] = [],  # noqa: B006
+    since: Annotated[
+        datetime | None, Query(description="Only jobs created at or after this time (ISO 8601)")
+    ] = None,
+    bmc_ip: Annotated[
+        str, Query(max_length=64, pattern=r"^[0-9A-Fa-f.:]*$", description="Only this BMC's jobs (its IP)")
+    ] = "",
+    id_prefix: Annotated[
+        str, Query(max_length=64, pattern=r"^[A-Za-z0-9_.:-]*$", description="Only ids starting with this")
+    ] = "",
+    offset: Annotated[int, Query(ge=0, le=2_147_483_647, description="Items to skip")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Page size")] = 100,
+    _p: Principal = Depends(require(Role.viewer)),
+) -> dict:
+    where = []
+    if status:
+        where.append(col(JobRow.status).in_(status))
+    if since is not None:
+        try:
+            since = since.astimezone(UTC) if since.tzinfo else since.replace(tzinfo=UTC)
+        except OverflowError:
+            raise ValidationFailed("since: out of range", field="since") from None
+        where.append(col(JobRow.created_at) >= since)
+    if bmc_ip:
+        where.append(col(JobRow.bmc_ip) == bmc_ip)
+    if id_prefix:
+        where.append(col(JobRow.id).startswith(id_prefix, autoescape=True))
+    async with _db(request).session() as s:
+        total = (await s.exec(select(sa.func.count()).select_from(JobRow).where(*where))).one()
+        rows = (
+            await s.exec(
+                select(JobRow)
+                .where(*where)
+                .order_by(col(JobRow.created_at).desc(), col(JobRow.id))
+                .offset(offset)
+                .limit(limit)
+            )
+        ).all()
+    return {"items": [job_json(r) for r in rows], "total": int(total)}
 
 
 @router.get(
@@ -145,15 +217,61 @@ def installer_token(
     return job_token_hash(x_karios_job_token or token or "")
 
 
-@router.post(
-    "/job/{id}/step",
-    response_model=JobView,
-    responses=_CALLBACK,
-    summary="Installer step report (job token, no operator auth)",
-    description="A step naming a stage of the job's install method gets its label and percentage; "
-    '`state: "failed"` fails the job at once with "<stage label>: <message>" and keeps `log` as the '
-    "job's `log_tail`.",
-)
+# A failure report the gateway cannot parse (not JSON, a broken escape, a field breaking its rule)
+# still fails its job — with the installer's raw words, one printable line, bounded, as the reason
+# — instead of a 422 that leaves the job installing until its stage deadline. Only a body that
+# says `"state": "failed"` is taken so; any other unreadable body stays a 422. The job token is
+# checked by the provisioner as for every step.
+_SAYS_FAILED = re.compile(rb'"state"\s*:\s*"failed"')
+_STEP_KEY = re.compile(rb'"step"\s*:\s*"([A-Za-z0-9:_./-]{1,200})"')
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+RAW_REPORT_MAX = 900  # characters of the raw body kept in the job's message
+
+
+def raw_report_text(raw: bytes) -> str:
+    """An unreadable report as one printable line: bytes that are not UTF-8 become U+FFFD, runs of
+    control characters a space; at most :data:`RAW_REPORT_MAX` characters."""
+    text = raw[: RAW_REPORT_MAX * 4].decode("utf-8", errors="replace")
+    text = " ".join(_CONTROL.sub(" ", text).split())
+    return text if len(text) <= RAW_REPORT_MAX else text[: RAW_REPORT_MAX - 1] + "…"
+
+
+class _StepRoute(APIRoute):
+    """``/job/{id}/step`` with the rule above for an unreadable failure report."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                raw = await request.body()
+                only_body = all(e.get("loc", ("",))[0] == "body" for e in exc.errors())
+                if not (only_body and _SAYS_FAILED.search(raw)):
+                    raise
+                return JSONResponse(jsonable_encoder(await _unreadable_failure(request, raw, exc)))
+
+        return route
+
+
+async def _unreadable_failure(request: Request, raw: bytes, exc: RequestValidationError) -> JobView:
+    rt = request.app.state.runtime
+    key = _STEP_KEY.search(raw)
+    first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ())[1:])
+    why = f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "invalid"))
+    token = request.headers.get("X-Karios-Job-Token") or request.query_params.get("token") or ""
+    req = CallbackRequestV2(
+        job_id=request.path_params["id"],
+        token_sha256=job_token_hash(token),
+        step=key.group(1).decode() if key else "report",
+        state="failed",
+        message=bound_message(f"unreadable failure report ({why}): {raw_report_text(raw)}"),
+    )
+    return await rt.bus.request(rt.bus.subjects.request("provision", "step"), req, reply=JobView)
+
+
 async def step(
     id: JobId,
     body: StepBody,
@@ -171,6 +289,20 @@ async def step(
         log=bound_log(body.log),
     )
     return await rt.bus.request(rt.bus.subjects.request("provision", "step"), req, reply=JobView)
+
+
+router.add_api_route(
+    "/job/{id}/step",
+    step,
+    methods=["POST"],
+    route_class_override=_StepRoute,
+    response_model=JobView,
+    responses=_CALLBACK,
+    summary="Installer step report (job token, no operator auth)",
+    description="A step naming a stage of the job's install method gets its label and percentage; "
+    '`state: "failed"` fails the job at once with "<stage label>: <message>" and keeps `log` as the '
+    "job's `log_tail`.",
+)
 
 
 @router.post(

@@ -24,10 +24,11 @@ from karios.common.contracts.nodes import (
     private_key_context,
 )
 from karios.common.crypto import SecretBox
+from karios.common.devicetext import check_hostname, check_username
 from karios.common.errors import ValidationFailed
 from karios.common.http import ErrorResponse
 from karios.common.limits import IP_MAX, IP_SCHEMA, BoundedIP, HostName, Name, OptBoundedIP, Secret, Text
-from karios.common.netaddr import normalize_ip
+from karios.common.netaddr import host_address_problem, normalize_ip
 
 router = APIRouter(prefix="/controlnode", tags=["nodes"])
 CONNECT_TIMEOUT = 10.0
@@ -70,6 +71,17 @@ class AdoptRequest(BaseModel):
     def _fingerprint(cls, value: str | None) -> str | None:
         return host_key_fingerprint(value) if value is not None and value.strip() else None
 
+    # Issue 24 S5: a name that reaches a shell, a log line or an event has a grammar (422 naming it).
+    @field_validator("ssh_username")
+    @classmethod
+    def _username(cls, value: str) -> str:
+        return check_username(value)
+
+    @field_validator("hostname")
+    @classmethod
+    def _hostname(cls, value: str | None) -> str | None:
+        return check_hostname(value) if value is not None else None
+
 
 def _node_ip(value: str) -> str:
     try:
@@ -109,6 +121,9 @@ async def adopt_node(
     rt = request.app.state.runtime
     box: SecretBox = request.app.state.secret_box
     ip = str(body.node_ip)
+    problem = host_address_problem(ip, allow_loopback=rt.settings.adopt_allow_loopback)
+    if problem:  # never a connection to 0.0.0.0, 127.0.0.1, 255.255.255.255, 224.0.0.1, fe80::1 …
+        raise ValidationFailed(f"node_ip: {problem}", field="node_ip")
     if not (body.ssh_password or body.ssh_private_key):
         raise ValidationFailed(
             "ssh_password: give ssh_password or ssh_private_key (how Karios logs in)", field="ssh_password"

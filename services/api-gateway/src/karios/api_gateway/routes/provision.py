@@ -34,23 +34,36 @@ from karios.api_gateway.readmodel import (
     progress_json,
 )
 from karios.common.bus.runtime import Bus
+from karios.common.cache import SingleFlightCache
+from karios.common.contracts.hardware import (
+    HardwareContradiction,
+    HardwareQuery,
+    HardwareRecord,
+    contradiction,
+)
 from karios.common.contracts.inventory import BmcHardware, BmcHardwareQuery
 from karios.common.contracts.provision import (
     AdmissionQuery,
+    ImageInfo,
+    ImageQuery,
     ProvisionSpec,
     QueueQuery,
     StartProvision,
+    check_debian_version,
 )
 from karios.common.crypto import SecretBox
-from karios.common.errors import NotFound
+from karios.common.errors import NotFound, ServiceUnavailable
 from karios.common.limits import Ident
 from karios.common.provisioning import (
     TERMINAL_STATES,
+    check_disk_space,
     check_disks_known,
+    gpu_kernel_args,
     refuse_second_job,
     validate_provision,
     validate_unprovision,
 )
+from karios.common.telemetry import get_logger
 
 router = APIRouter(prefix="/controlnode", tags=["provisioning"])
 #: A job id in a path: as long as the ``jobs.id`` column (a longer one is a 422, never a lookup).
@@ -60,6 +73,10 @@ VENDOR_ROUTES = ("cisco", "dell", "hp", "lenovo", "supermicro")  # POST /control
 _IN_METADATA = tuple(n for n, f in ProvisionRequest.model_fields.items() if f.description == NO_EFFECT)
 _METADATA_ALSO = ("prefix_id",)
 _SPEC_FIELDS = set(ProvisionSpec.model_fields)
+#: How long a provision waits for the provisioner to say how big its image is (the disk-size
+#: check); no answer in time, or no provisioner: nothing is checked, the provision is accepted.
+IMAGE_QUERY_TIMEOUT = 5.0
+log = get_logger(__name__)
 
 
 def _db(request: Request):  # type: ignore[no-untyped-def]
@@ -92,6 +109,80 @@ async def _known_bmc(request: Request, spec: ProvisionSpec, field: str) -> None:
             f"{field}: no device with BMC IP {spec.bmc_ip} in the inventory", field=field
         ) from None
     check_disks_known(spec.selected_disks, [d.name for d in hw.disks])
+    await _check_disk_space(request, spec, hw)
+    await _check_hardware_record(request, spec, hw)
+
+
+def _gpu_ids(gpu: Any) -> list[str]:
+    """The ``vendor:device`` ids a ``gpu_passthrough`` value names (validated before)."""
+    if isinstance(gpu, list):
+        return [str(i).lower() for i in gpu]
+    if isinstance(gpu, dict):
+        return [str(i).lower() for i in (gpu.get("device_ids") or gpu.get("ids") or [])]
+    return []
+
+
+async def _check_hardware_record(request: Request, spec: ProvisionSpec, hw: BmcHardware) -> None:
+    """409 naming ``selected_disks`` / ``selected_nic_mac`` / ``gpu_passthrough`` when the BMC's
+    stored hardware record (an inspection) contradicts them (``contracts.hardware.contradiction``).
+    No record, or no provisioner answer in time: nothing is checked, the provision is accepted."""
+    gpu = bool(gpu_kernel_args(spec.gpu_passthrough))
+    if not (spec.selected_disks or spec.selected_nic_mac or gpu):
+        return
+    rt = request.app.state.runtime
+    try:
+        rec = await rt.bus.request(
+            rt.bus.subjects.query("provision", "hardware"),
+            HardwareQuery(bmc_ip=spec.bmc_ip),
+            reply=HardwareRecord,
+            timeout=IMAGE_QUERY_TIMEOUT,
+        )
+    except NotFound:  # HARDWARE_NOT_INSPECTED: never inspected, nothing to contradict
+        return
+    except ServiceUnavailable as exc:
+        log.info("hardware record not checked: no answer", bmc_ip=spec.bmc_ip, error=str(exc))
+        return
+    found = contradiction(
+        rec,
+        selected_disks=spec.selected_disks,
+        disk_serials={d.name.removeprefix("/dev/"): d.serial for d in hw.disks if d.serial},
+        selected_nic_mac=spec.selected_nic_mac,
+        gpu_passthrough=gpu,
+        gpu_ids=_gpu_ids(spec.gpu_passthrough),
+    )
+    if found is not None:
+        field, why = found
+        raise HardwareContradiction(f"{field}: {why}", field=field)
+
+
+async def _check_disk_space(request: Request, spec: ProvisionSpec, hw: BmcHardware) -> None:
+    """422 naming ``selected_disks`` with the needed and available sizes when the inventory knows
+    every selected disk's size and the provisioner its image's, and the image does not fit the
+    pool (``karios.common.provisioning.check_disk_space``); any size unknown: accepted."""
+    sizes = {d.name.removeprefix("/dev/"): round(d.size_gb * 1e9) if d.size_gb else None for d in hw.disks}
+    selected = [d.removeprefix("/dev/") for d in spec.selected_disks]
+    if not selected or any(sizes.get(d) is None for d in selected):
+        return
+    rt = request.app.state.runtime
+    query = ImageQuery(suite=check_debian_version(spec.debian_version), install_method=spec.install_method)
+
+    async def load() -> ImageInfo:
+        return await rt.bus.request(
+            rt.bus.subjects.query("provision", "image"), query, reply=ImageInfo, timeout=IMAGE_QUERY_TIMEOUT
+        )
+
+    # An image's size changes only with a rebuild: one bus query per image and minute, not per POST.
+    sizes_cache = getattr(request.app.state, "image_sizes", None)
+    if sizes_cache is None:
+        sizes_cache = SingleFlightCache[ImageInfo](ttl=60.0)
+        request.app.state.image_sizes = sizes_cache
+    try:
+        info = (await sizes_cache.get_or_load(f"{query.suite}/{query.install_method}", load)).value
+    except ServiceUnavailable as exc:
+        log.info("disk size not checked: the image's size is unknown", bmc_ip=spec.bmc_ip, error=str(exc))
+        return
+    assert info is not None  # the loader answers or raises
+    check_disk_space(spec.pool_type, selected, sizes, info.installed_bytes)
 
 
 async def _accept(
@@ -158,7 +249,10 @@ async def _provision(body: ProvisionRequest, request: Request, vendor: str) -> J
 _ACCEPTED = {
     202: {"description": "Job queued", "model": Accepted},
     404: {"description": "No device with this BMC IP in the inventory (`field` names it)"},
-    409: {"description": "BMC has a running job"},
+    409: {
+        "description": "BMC has a running job, or the request contradicts the BMC's hardware record "
+        "(HARDWARE_CONTRADICTION; `field`: selected_disks | selected_nic_mac | gpu_passthrough)"
+    },
     422: {"description": "Invalid field (named in `field`)"},
     503: {"description": "Inventory unavailable"},
 }

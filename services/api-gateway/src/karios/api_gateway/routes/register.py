@@ -51,7 +51,10 @@ class RegisterResponse(BaseModel):
     summary="Register the control node (1st node) in bmc_infos",
     responses={
         422: {"description": "Invalid field (named in `field`)"},
-        503: {"description": "Inventory unavailable"},
+        503: {
+            "description": "Inventory unavailable (SERVICE_UNAVAILABLE), or its database's disk full "
+            "(STORAGE_FULL: nothing was stored; retry after Retry-After once space is freed)"
+        },
     },
 )
 async def register(

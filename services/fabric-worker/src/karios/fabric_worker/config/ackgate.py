@@ -9,6 +9,12 @@ sha256 over NOS, both configurations and the snippet; ``changed_fields`` names t
 moved it. The operator applies it, checks it, and re-POSTs with ``switch_acked``, that hash and
 ``acked_by``. A hash for an older or different change no longer matches. ``skip_switch_ack``
 bypasses the gate for ``fabric_admin`` callers only (labs, CI). Every accepted change is audited.
+
+Secrets are placeholders in the rendered text, so their changes are given to the gate as a
+:class:`SecretChange`: a BGP password set or cleared changes the rendering (the ``password``
+line comes or goes); a BGP password or OSPF key whose *value* changes leaves the text as it was,
+yet the switch must be told the new value — the old placeholder is renamed (``<old-…>``) so the
+snippet re-enters that line and the change is gated like any other.
 """
 
 from __future__ import annotations
@@ -27,6 +33,31 @@ from karios.fabric_worker.config.render import (
 )
 
 ADMIN_ROLE = "fabric_admin"
+
+
+SECRET_PLACEHOLDERS = {"bgp_password": "<bgp-password>", "ospf_auth_key": "<ospf-auth-key>"}
+
+
+@dataclass(frozen=True)
+class SecretChange:
+    """The switch-relevant secrets before and after the write (never their values)."""
+
+    bgp_password_before: bool = False
+    bgp_password_after: bool = False
+    value_changed: tuple[str, ...] = ()  # of SECRET_PLACEHOLDERS: a new value for a set secret
+
+    def fields(self) -> list[str]:
+        """The API fields of the secret changes that move the switch configuration."""
+        out = ["bgp_password"] if self.bgp_password_before != self.bgp_password_after else []
+        return out + [f for f in self.value_changed if f not in out]
+
+
+def _with_old_values(text: str, changed: tuple[str, ...]) -> str:
+    """The running text with the placeholders of re-valued secrets renamed: their lines differ."""
+    for name in changed:
+        placeholder = SECRET_PLACEHOLDERS[name]
+        text = text.replace(placeholder, "<old-" + placeholder[1:])
+    return text
 
 
 @dataclass(frozen=True)
@@ -101,8 +132,10 @@ def evaluate(
     *,
     caller: str,
     caller_role: str,
+    secrets: SecretChange | None = None,
 ) -> AckRecord | None:
     """None: no gate applies. An :class:`AckRecord`: the change is acknowledged. Raises 409 otherwise."""
+    secrets = secrets or SecretChange()
     if stored is None or not stored.router_id_base or not stored.router_id_prefix_len:
         return None  # nothing rendered for the switch yet (first or incomplete legacy config)
     ack_nos = (inp.switch_nos or merged.fabric_switch_nos or "other").strip().lower()
@@ -111,15 +144,24 @@ def evaluate(
             f"switch_nos: {ack_nos!r} is not one of {', '.join(SWITCH_NOS)}", field="switch_nos"
         )
     try:
-        running = {nos: render_for_nos(stored, nos) for nos in SWITCH_NOS}
+        running = {
+            nos: _with_old_values(
+                render_for_nos(stored, nos, bgp_password_set=secrets.bgp_password_before),
+                secrets.value_changed,
+            )
+            for nos in SWITCH_NOS
+        }
     except ValidationFailed:
         return None  # a row stored before a rendering rule: never rendered, nothing to compare
-    texts = {nos: (running[nos], render_for_nos(merged, nos)) for nos in SWITCH_NOS}
+    texts = {
+        nos: (running[nos], render_for_nos(merged, nos, bgp_password_set=secrets.bgp_password_after))
+        for nos in SWITCH_NOS
+    }
     before, after = texts[ack_nos]
     if switchdiff.config_lines(ack_nos, before) == switchdiff.config_lines(ack_nos, after):
         return None  # nothing on the switch changes
     snippets = {nos: switch_snippet(nos, *texts[nos]) for nos in SWITCH_NOS}
-    fields = changed_fields(stored, merged, ack_nos)
+    fields = changed_fields(stored, merged, ack_nos) + secrets.fields()
     old, new = listen_range(stored), listen_range(merged)
     expected = snippets[ack_nos]["switch_snippet_hash"]
     details = {

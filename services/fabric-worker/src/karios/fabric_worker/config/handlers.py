@@ -39,7 +39,7 @@ def register_config(rt: ServiceRuntime, box: SecretBox, rollout: RolloutService)
 
     async def get_config(_q: FabricConfigQuery) -> FabricConfigView:
         async with db().session() as s:
-            row = await store.load(s)
+            row = await store.load(s, preflight=False)
         if row is None:
             raise NotFound("no fabric configuration is stored")
         return await rollout.decorate(store.view_of(row))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 DEFAULT_BASE = "10.255.0.0"
 DEFAULT_PREFIX = 24
@@ -31,11 +32,13 @@ class VtepPool:
         res = frozenset(ipaddress.IPv4Address(r) for r in reserved if r)
         return cls(ipaddress.IPv4Address(base), prefix_len, res)
 
-    @property
+    # Computed once per pool (frozen: cached_property writes the instance dict, not __setattr__):
+    # contains() runs once per allocation, and a 1,000-node fabric re-parsed them 1,000 times.
+    @cached_property
     def subnet(self) -> ipaddress.IPv4Network:
         return ipaddress.IPv4Network(f"{self.base}/{self.prefix_len}", strict=False)
 
-    @property
+    @cached_property
     def start(self) -> ipaddress.IPv4Address | None:
         last = self.subnet.broadcast_address
         addr = self.base
@@ -70,13 +73,24 @@ class VtepPool:
         reserved = sum(1 for r in self.reserved if first <= int(r) <= last and _usable(r))
         return span - bad - reserved
 
+    @cached_property
+    def _span(self) -> tuple[int, int, frozenset[int]] | None:
+        """(first, last, reserved) as integers: contains() compares numbers, not address objects."""
+        start = self.start
+        if start is None:
+            return None
+        return int(start), int(self.subnet.broadcast_address), frozenset(int(r) for r in self.reserved)
+
     def contains(self, ip: str) -> bool:
+        span = self._span
+        if span is None:
+            return False
         try:
-            a = ipaddress.IPv4Address(ip)
+            a = int(ipaddress.IPv4Address(ip))
         except ValueError:
             return False
-        start = self.start
-        return start is not None and a in self.subnet and a >= start and _usable(a) and a not in self.reserved
+        first, last, reserved = span
+        return first <= a <= last and a & 0xFF not in (0, 255) and a not in reserved
 
     def first_free(self, taken: set[str]) -> str | None:
         for a in self.addresses():

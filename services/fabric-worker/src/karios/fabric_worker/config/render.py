@@ -205,9 +205,10 @@ def render_switch_config(ctx: SwitchContext) -> str:
 
 
 # -- ack gate: what the switch must be told --------------------------------------------------
-def render_for_nos(cfg: FabricLike, nos: str) -> str:
+def render_for_nos(cfg: FabricLike, nos: str, *, bgp_password_set: bool = False) -> str:
     """The switch configuration of `cfg` as NOS `nos` renders it (whatever `cfg` names)."""
-    return render_switch_config(replace(switch_context(cfg), nos=nos, port=DEFAULT_PORT[nos]))
+    ctx = switch_context(cfg, bgp_password_set=bgp_password_set)
+    return render_switch_config(replace(ctx, nos=nos, port=DEFAULT_PORT[nos]))
 
 
 def switch_snippet(nos: str, before: str, after: str) -> dict[str, str]:

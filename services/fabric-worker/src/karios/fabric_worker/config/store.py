@@ -16,6 +16,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
+from sqlalchemy.orm import defer
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -70,8 +71,18 @@ async def refuse_while_job_runs(session: AsyncSession) -> None:
         raise FabricJobRunning.of(job.job_id, job.job_type)
 
 
-async def load(session: AsyncSession, *, for_update: bool = False) -> FabricConfigRow | None:
+async def load(
+    session: AsyncSession, *, for_update: bool = False, preflight: bool = True
+) -> FabricConfigRow | None:
+    """The config row. ``preflight=False``: without what the last preflight saw per node
+    (``preflight_nodes``, ``node_overrides``: ~100 KB of JSON at 1,000 nodes), which the view
+    and the pool status do not show; reading them then raises instead of loading."""
     stmt = select(FabricConfigRow).where(FabricConfigRow.id == SINGLETON_ID)
+    if not preflight:
+        stmt = stmt.options(
+            defer(FabricConfigRow.preflight_nodes, raiseload=True),  # type: ignore[arg-type]
+            defer(FabricConfigRow.node_overrides, raiseload=True),  # type: ignore[arg-type]
+        )
     if for_update:
         stmt = stmt.with_for_update()
     return (await session.exec(stmt)).first()
@@ -106,6 +117,29 @@ def _secret_len(box: SecretBox, token: str | None, context: str) -> int:
 
 def _secret_has_space(box: SecretBox, token: str | None, context: str) -> bool:
     return bool(token) and any(c.isspace() for c in box.decrypt(token, context=context))  # type: ignore[arg-type]
+
+
+def _secret_change(
+    box: SecretBox, row: FabricConfigRow | None, bgp_enc: str | None, ospf_enc: str | None
+) -> ackgate.SecretChange:
+    """What the write does to the switch's secrets: set, cleared, or a new value (compared
+    decrypted: each write encrypts afresh, so equal ciphertexts are never the test)."""
+    old_bgp, old_ospf = (row.bgp_password_enc, row.ospf_auth_key_enc) if row else (None, None)
+
+    def revalued(old: str | None, new: str | None, context: str) -> bool:
+        if not old or not new or old == new:
+            return False
+        return box.decrypt(old, context=context) != box.decrypt(new, context=context)
+
+    changed = tuple(
+        name
+        for name, old, new, context in (
+            ("bgp_password", old_bgp, bgp_enc, BGP_CONTEXT),
+            ("ospf_auth_key", old_ospf, ospf_enc, OSPF_CONTEXT),
+        )
+        if revalued(old, new, context)
+    )
+    return ackgate.SecretChange(bool(old_bgp), bool(bgp_enc), changed)
 
 
 def _stored_secrets(req: UpsertFabricConfig, row: FabricConfigRow | None) -> tuple[str | None, str | None]:
@@ -151,7 +185,10 @@ async def upsert(session: AsyncSession, req: UpsertFabricConfig, box: SecretBox)
         ospf_auth_key_space=_secret_has_space(box, req.ospf_auth_key_enc, OSPF_CONTEXT),
     )
     rules.check(merged, ctx)
-    ack = ackgate.evaluate(stored, merged, inp, caller=req.caller, caller_role=req.caller_role)
+    secrets = _secret_change(box, row, bgp_enc, ospf_enc)
+    ack = ackgate.evaluate(
+        stored, merged, inp, caller=req.caller, caller_role=req.caller_role, secrets=secrets
+    )
 
     now = datetime.now(UTC)
     data = merged.model_dump(mode="json", by_alias=True)
@@ -220,7 +257,7 @@ def _pool(cfg: FabricConfigFields) -> VtepPool:
 
 
 async def pool_status(session: AsyncSession) -> VtepPoolStatus:
-    row = await load(session)
+    row = await load(session, preflight=False)
     if row is None:
         raise NotFound("no fabric configuration is stored")
     cfg = fields_of(row)

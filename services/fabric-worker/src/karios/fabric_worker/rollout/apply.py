@@ -71,13 +71,14 @@ async def check_apply(
     access = await svc.node_access(node_ip)
     if not access:
         raise Conflict(NO_NODES)
-    found = _blockers(row, intent.vxlan_mtu, access, whole=not node_ip)
+    seen = _seen(row)
+    found = _blockers(row, seen, intent.vxlan_mtu, access, whole=not node_ip)
     if found and not force:
-        largest = judge.max_vxlan_mtu(judge.NodeSeen.model_validate(n) for n in row.preflight_nodes or [])
+        largest = judge.max_vxlan_mtu(seen.values())
         raise PreflightBlocked(
             judge.headline(found, largest),
             field=found[0].field,
-            details={"blockers": [b.model_dump() for b in found], "max_vxlan_mtu": largest},
+            details=judge.refusal_details(found, largest),
         )
     return row, access, found
 
@@ -90,20 +91,33 @@ async def _still(session: Any, checked: FabricConfigRow) -> None:
         raise Conflict("the fabric configuration changed while the apply was checked; send it again")
 
 
+def _seen(row: FabricConfigRow) -> dict[str, judge.NodeSeen]:
+    """The last preflight's verdict per node (a node registered twice was probed twice: the last
+    one counts). Not validated again: this worker stored them from validated ``NodeSeen``
+    (``preflight.seen``), and a refused apply read 1,000 of them per request."""
+    return {
+        n["node_ip"]: judge.NodeSeen.model_construct(**n)
+        for n in row.preflight_nodes or []
+        if isinstance(n, dict) and "node_ip" in n and "mode" in n
+    }
+
+
 def _blockers(
-    row: FabricConfigRow, vxlan_mtu: int, access: list[NodeAccess], *, whole: bool
+    row: FabricConfigRow,
+    seen: dict[str, judge.NodeSeen],
+    vxlan_mtu: int,
+    access: list[NodeAccess],
+    *,
+    whole: bool,
 ) -> list[PreflightBlocker]:
     """The last preflight's verdict on the nodes this apply reaches (nodes it never saw pass)."""
     targets = {a.node_ip for a in access}
-    # One verdict per node (a node registered twice was probed twice): the last one counts.
-    by_ip = {n["node_ip"]: n for n in row.preflight_nodes or [] if isinstance(n, dict)}
-    seen = [judge.NodeSeen.model_validate(n) for n in by_ip.values()]
     cfg = store.fields_of(row)
     capacity = VtepPool.of(
         cfg.router_id_base, cfg.router_id_prefix_len, [cfg.fabric_switch_peering_ip]
     ).total_usable
     return judge.blockers(
-        [n for n in seen if n.node_ip in targets],
+        [n for ip, n in seen.items() if ip in targets],
         vxlan_mtu=vxlan_mtu,
         capacity=capacity,
         needed=len(access) if whole else 0,

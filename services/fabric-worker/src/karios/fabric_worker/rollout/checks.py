@@ -101,7 +101,7 @@ async def postdeploy(svc: RolloutService, q: PostdeployQuery) -> list[Postdeploy
     target = (await svc.targets_of(access[:1]))[0]
     bmc_ip = q.bmc_ip or access[0].bmc_ip
     intent = intent_of(await svc.repo.config(), svc.settings, svc.box)
-    vtep = (await svc.repo.allocations()).get(target.node_ip)
+    vtep = await svc.repo.allocation_of(target.node_ip)
     steps = await postdeploy_node(target, intent, expected_vtep_ip=vtep, options=svc.settings.options())
     now = datetime.now(UTC).isoformat()
     return [

@@ -42,12 +42,19 @@ echo '{_MARK}end'
 # file by :mod:`.running`, a `vtysh` change is not in the file). A node with nothing to change is
 # then verified from this very exec: a no-op re-apply costs one SSH exec per node instead of two.
 EVPN_SUMMARY_COMMAND = "vtysh -c 'show bgp l2vpn evpn summary json'"
+# The post-deploy overlay checks' FRR side (:mod:`.overlay`: VNIs, their import RTs, IMET routes).
+OVERLAY_VTYSH = (
+    "vtysh -c 'show evpn vni json' -c 'show bgp l2vpn evpn vni json' "
+    "-c 'show bgp l2vpn evpn route type multicast json'"
+)
 RUNNING_CONFIG_COMMAND = "vtysh -c 'show running-config'"
 _BGPD_ALIVE = 'p=$(cat /run/frr/bgpd.pid 2>/dev/null) && [ -n "$p" ] && kill -0 "$p" 2>/dev/null'
 APPLY_DISCOVER_SCRIPT = DISCOVER_SCRIPT.replace(
     f"echo '{_MARK}end'\n",
     f"echo '{_MARK}evpn'\n"
     f"{_BGPD_ALIVE} && {{ {EVPN_SUMMARY_COMMAND} 2>/dev/null | tr -d '\\n'; echo; }}\n"
+    f"echo '{_MARK}overlay'\n"
+    f"{_BGPD_ALIVE} && {{ {{ {OVERLAY_VTYSH} 2>/dev/null || true; }} | tr -d '\\n\\t'; echo; }}\n"
     f"echo '{_MARK}running'\n"
     f"{_BGPD_ALIVE} && {{ {RUNNING_CONFIG_COMMAND} 2>/dev/null | base64 -w0; echo; }}\n"
     f"echo '{_MARK}end'\n",
@@ -166,6 +173,17 @@ def evpn_summary_of(output: str) -> str | None:
     running or the output came from :data:`DISCOVER_SCRIPT`)."""
     line = _sections(output).get("evpn", "").strip()
     return line or None
+
+
+def overlay_of(output: str) -> str | None:
+    """The overlay checks' input from :data:`APPLY_DISCOVER_SCRIPT`'s output: the vtysh JSON
+    documents, a tab, the discovery's own ``ip -j -d addr`` JSON (:func:`.overlay.parse_overlay`).
+    None: bgpd was not running or the output came from :data:`DISCOVER_SCRIPT`."""
+    sec = _sections(output)
+    vtysh = sec.get("overlay", "").strip()
+    if not vtysh:
+        return None
+    return vtysh + "\t" + sec.get("links", "").replace("\n", "")
 
 
 def running_config_of(output: str) -> str | None:

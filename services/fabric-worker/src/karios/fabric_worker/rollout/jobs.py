@@ -30,6 +30,7 @@ from karios.fabric_worker.rollout.node import (
     RolloutOptions,
 )
 from karios.fabric_worker.rollout.node_ops import teardown_node
+from karios.fabric_worker.rollout.overlay import RolledOut, RolledOutVtep
 from karios.fabric_worker.rollout.summary import (
     JobNode,
     JobStatus,
@@ -84,8 +85,12 @@ class ApplyJob:
         job_id: str | None = None,
         before_change: BaselineFn | None = None,
         resume: JobSummary | None = None,
+        rolled_out: Sequence[RolledOutVtep] = (),
     ) -> None:
         self.job_id = job_id or str(uuid.uuid4())
+        # VTEPs that passed the post-deploy checks (and `rolled_out`: known rolled out before this
+        # job, not part of it): a node checked later must have an IMET route from each.
+        self.rolled_out = RolledOut(tuple(rolled_out))
         self._before_change = before_change
         self.intent = intent
         self.nodes = list(nodes)
@@ -228,6 +233,7 @@ class ApplyJob:
             options=self.options,
             progress=self._on_node,
             before_change=self._before_change,
+            rolled_out=self.rolled_out,
         )
 
     async def _roll_back(self, runs: Sequence[NodeRollout], sem: asyncio.Semaphore, *, forced: bool) -> None:

@@ -104,9 +104,28 @@ def blockers(
     return out
 
 
+#: A refused apply names this many blockers in its message and lists this many in
+#: ``details.blockers`` (``details.blockers_total`` counts them all): a 1,000-node fabric with
+#: every node unreachable answered 448 KB. Preflight's own answer lists every node.
+NAMED_IN_MESSAGE = 10
+LISTED_IN_DETAILS = 100
+
+
+def refusal_details(found: Sequence[PreflightBlocker], largest: int) -> dict:
+    """``details`` of the 409: the first :data:`LISTED_IN_DETAILS` blockers and their count."""
+    return {
+        "blockers": [b.model_dump() for b in found[:LISTED_IN_DETAILS]],
+        "blockers_total": len(found),
+        "max_vxlan_mtu": largest,
+    }
+
+
 def headline(found: Sequence[PreflightBlocker], largest: int) -> str:
-    """One sentence for the 409: every blocker, and the vxlan_mtu that would pass the MTU check."""
-    parts = [b.message for b in found]
+    """One sentence for the 409: the blockers (the first :data:`NAMED_IN_MESSAGE`, then how many
+    more), and the vxlan_mtu that would pass the MTU check."""
+    parts = [b.message for b in found[:NAMED_IN_MESSAGE]]
+    if len(found) > NAMED_IN_MESSAGE:
+        parts.append(f"and {len(found) - NAMED_IN_MESSAGE} more (details.blockers)")
     if any(b.kind == "mtu" for b in found) and largest:
         parts.append(f"the underlay carries at most vxlan_mtu {largest} (set it, or fix those nodes)")
     return (

@@ -29,11 +29,27 @@ from karios.fabric_worker.rollout.facts import (
     NodeFacts,
     evpn_summary_of,
     find_underlay,
+    overlay_of,
     parse_facts,
     running_config_of,
 )
 from karios.fabric_worker.rollout.intent import FabricIntent, NodeOverride, NodeTarget
 from karios.fabric_worker.rollout.node_steps import apply_frr_plan, converge_after_reload, until_abort
+from karios.fabric_worker.rollout.overlay import (
+    OverlayView,
+    ProbePlan,
+    RolledOut,
+    RolledOutVtep,
+    overlay_loop_script,
+    overlay_passed,
+    overlay_verdict,
+    parse_overlay,
+    plan_probe,
+    probe_message,
+    probe_rtt_ms,
+    probe_script,
+    settle_deadline,
+)
 from karios.fabric_worker.rollout.ownership import foreign_devices, with_record
 from karios.fabric_worker.rollout.plan import (
     DesiredNetwork,
@@ -74,6 +90,10 @@ class RolloutOptions:
     # Verify polls per second over all the nodes a job verifies at once: each poll is a vtysh
     # run on a node, so the per-node interval grows with the fan-out (CPU stays flat in N).
     verify_polls_per_s: float = 40.0
+    # Post-deploy overlay checks after Established: how long every VNI may take to come up and
+    # the IMET routes of the other rolled-out VTEPs to arrive (also bounds the dataplane probe).
+    settle_timeout: float = 20.0
+    dataplane_probe: bool = True
 
     def for_fanout(self, nodes: int) -> RolloutOptions:
         """These options for `nodes` nodes verifying at once (the verify poll budget shared)."""
@@ -115,6 +135,7 @@ class NodeResult(BaseModel):
     host_key_first_seen: bool = False
     frr_action: str = ""
     repaired: list[str] = []  # what differed although the files equal the rendered ones
+    checks: list[str] = []  # what the post-deploy overlay checks found (said in node_ready)
     steps: list[str] = []
     duration_s: float = 0.0
 
@@ -132,8 +153,10 @@ class NodeRollout:
         options: RolloutOptions | None = None,
         progress: ProgressFn | None = None,
         before_change: BaselineFn | None = None,
+        rolled_out: RolledOut | None = None,
     ) -> None:
         self.target = target
+        self.rolled_out = rolled_out if rolled_out is not None else RolledOut()
         self._before_change = before_change
         self._baseline_kept = False
         self.intent = intent
@@ -143,6 +166,8 @@ class NodeRollout:
         self._progress = progress or _no_progress
         self.baseline: NodeFacts | None = None
         self.result = NodeResult(node_ip=target.node_ip, fqdn=target.fqdn, vtep_ip=vtep_ip)
+        self._overlay: OverlayView | None = None  # the apply discovery's look at the overlay
+        self._overlay_mtu = 0
         self._fence = token_hex(8)  # tags this run's steps; the rollback fences them
         self._secrets = intent.secrets() + [
             s.get_secret_value() for s in (target.password, target.private_key) if s is not None
@@ -163,10 +188,13 @@ class NodeRollout:
         self, s: NodeSession, script: str = APPLY_DISCOVER_SCRIPT
     ) -> tuple[NodeFacts, str | None, str | None]:
         """The node's facts and, with the apply's discovery, its EVPN summary and FRR's running
-        config (None: bgpd down)."""
+        config (None: bgpd down); the overlay checks' view is kept in ``self._overlay``."""
         out = (await s.run(script, limit_s=self.options.command_timeout)).stdout
         try:
-            return parse_facts(out), evpn_summary_of(out), running_config_of(out)
+            facts, evpn, running = parse_facts(out), evpn_summary_of(out), running_config_of(out)
+            overlay = overlay_of(out)
+            self._overlay = parse_overlay(overlay) if overlay is not None else None
+            return facts, evpn, running
         except ValueError as exc:
             raise FabricVerifyFailed(f"{self.target.label}: unexpected discovery output: {exc}") from None
 
@@ -230,7 +258,7 @@ class NodeRollout:
                 await until_abort(self._connect_and_apply(abort), abort, self.target.label)
             r.ok = True
             done = "unchanged" if not r.changed else f"FRR {r.frr_action or 'kept'}"
-            await self._emit("node_ready", "; ".join([done, *r.repaired]))
+            await self._emit("node_ready", "; ".join([done, *r.repaired, *r.checks]))
         except KariosError as exc:
             r.ok = False
             r.error = redact(exc.message, self._secrets)
@@ -258,6 +286,7 @@ class NodeRollout:
         self.baseline = facts
         r.fqdn = r.fqdn or facts.hostname
         iface, mtu = self._underlay(facts)
+        self._overlay_mtu = overlay_mtu(self.intent.vxlan_mtu, mtu)
         self._check_abort(abort)
         if not facts.frr_installed:
             await self._keep_baseline()
@@ -285,10 +314,10 @@ class NodeRollout:
             r.steps.append("unchanged")
             same = "files, running config and devices" if running else "files and devices"
             await self._emit("node_unchanged", f"{same} equal the intent")
-            if self._verified_by(evpn):
+            if self._verified_by(evpn) and self._overlay_checked_by(self._overlay):
                 # Nothing changed since the discovery's own EVPN summary: that was the first poll.
                 await self._emit("node_verifying")
-                r.steps.append("verified")
+                r.steps += ["verified", "overlay_checked"]
                 return
         else:
             self._check_abort(abort)
@@ -322,6 +351,12 @@ class NodeRollout:
         with metrics.timed("verify", FabricVerifyFailed), step_span(TRACER, "fabric.node.verify"):
             await self._verify(s, abort)
         r.steps.append("verified")
+        with step_span(TRACER, "fabric.node.overlay_checks"):
+            link_local = await self._check_overlay(s, abort)
+            r.steps.append("overlay_checked")
+            if self.options.dataplane_probe:
+                await self._probe(s, link_local, abort)
+        self._rolled_out(link_local)
 
     async def _verify(self, s: NodeSession, abort: asyncio.Event | None) -> None:
         """Poll the EVPN summary until the peer is Established with routes sent: one SSH exec
@@ -348,6 +383,88 @@ class NodeRollout:
                 if time.monotonic() >= deadline:
                     break
         raise FabricVerifyFailed(f"{self._who()}: {verdict} after {opts.verify_timeout:.0f} s")
+
+    # -- post-deploy overlay checks (the rules: :mod:`.overlay`) ------------------------------
+
+    def _expected_vteps(self) -> set[str]:
+        """The other VTEPs already rolled out: this node must have an IMET route from each."""
+        return {v.vtep_ip for v in self.rolled_out.others(self.target.node_ip, self.vtep_ip)}
+
+    def _bridge(self) -> str:
+        return f"br{self.intent.vnis[0]}" if self.intent.vnis else ""
+
+    def _rolled_out(self, link_local: str) -> None:
+        vtep = RolledOutVtep(
+            self.target.node_ip, self._who(), self.vtep_ip, link_local, self._overlay_mtu, time.monotonic()
+        )
+        self.rolled_out.add(vtep)
+
+    def _overlay_checked_by(self, view: OverlayView | None) -> bool:
+        """Whether the discovery's own look at the overlay passes the checks (a no-op re-apply
+        is then still one exec); the node is then counted as rolled out."""
+        if not self.intent.vnis:
+            return True
+        expected, evpn = self._expected_vteps(), self.intent.advertise_all_vni
+        if view is None or overlay_verdict(view, self.intent.vnis, expected, evpn=evpn) is not None:
+            return False
+        self.result.checks.append(overlay_passed(view, self.intent.vnis, expected, evpn=evpn))
+        self._rolled_out(view.link_locals.get(self._bridge(), ""))
+        return True
+
+    async def _check_overlay(self, s: NodeSession, abort: asyncio.Event | None) -> str:
+        """(a) every configured VNI on the node (FRR's VNI tables, its VXLAN device up) and (b) an
+        IMET route from every other rolled-out VTEP (those counted by each poll: a node of the
+        same job verified meanwhile is waited for too), polled until `settle_timeout` (one exec
+        streaming a line per poll, like the verify). Returns the probe bridge's link-local."""
+        vnis = self.intent.vnis
+        if not vnis:
+            return ""
+        opts, evpn = self.options, self.intent.advertise_all_vni
+        t0 = time.monotonic()
+        verdict, window = "not checked", opts.settle_timeout
+        # The loop ends by itself after twice the settle time (a VTEP counted late extends it).
+        polls = math.ceil(2 * opts.settle_timeout / opts.verify_interval) + 2
+        script = overlay_loop_script(opts.verify_interval, polls)
+        async with contextlib.aclosing(s.lines(script, limit_s=opts.command_timeout)) as lines:
+            async for line in lines:
+                self._check_abort(abort)
+                view = parse_overlay(line)
+                peers = self.rolled_out.others(self.target.node_ip, self.vtep_ip)
+                expected = {p.vtep_ip for p in peers}
+                verdict = overlay_verdict(view, vnis, expected, evpn=evpn) or ""
+                now = time.monotonic()
+                if not verdict:
+                    passed = overlay_passed(view, vnis, expected, evpn=evpn)
+                    self.result.checks.append(f"{passed} after {now - t0:.1f} s")
+                    return view.link_locals.get(self._bridge(), "")
+                deadline = settle_deadline(t0, peers, opts.settle_timeout)
+                window = deadline - t0  # the settle time, longer when a VTEP was counted late
+                if now >= deadline:
+                    break
+        raise FabricVerifyFailed(f"{self._who()}: {verdict} after {window:.0f} s")
+
+    async def _probe(self, s: NodeSession, link_local: str, abort: asyncio.Event | None) -> None:
+        """(c) a DF ping at the overlay MTU to another rolled-out node's bridge, across VXLAN;
+        its time is said in node_ready. No overlay address: skipped, and said so."""
+        peers = self.rolled_out.others(self.target.node_ip, self.vtep_ip)
+        plan = plan_probe(
+            peers, self.intent.vnis, self._overlay_mtu, link_local, evpn=self.intent.advertise_all_vni
+        )
+        if not isinstance(plan, ProbePlan):
+            self.result.checks.append(f"dataplane probe skipped: {plan}")
+            self.result.steps.append("probe_skipped")
+            return
+        self._check_abort(abort)
+        attempts = max(1, math.ceil(self.options.settle_timeout / 1.3))
+        t0 = time.monotonic()
+        out = await s.run(probe_script(plan, attempts), check=False, limit_s=self.options.command_timeout)
+        elapsed = time.monotonic() - t0
+        rtt = probe_rtt_ms(out.stdout)
+        message = probe_message(plan, rtt, elapsed)
+        if rtt is None:
+            raise FabricVerifyFailed(f"{self._who()}: {message}")
+        self.result.checks.append(message)
+        self.result.steps.append("probe_ok")
 
     # -- rollback ------------------------------------------------------------------------
 

@@ -24,10 +24,14 @@ from karios.common.contracts.nodes import (
     private_key_context,
 )
 from karios.common.errors import Conflict, ValidationFailed
+from karios.common.telemetry import get_logger
 from karios.fabric_worker.rollout.access import adoption_target, private_key
+from karios.fabric_worker.rollout.errors import NodeUnreachable
 from karios.fabric_worker.rollout.expected_key import expect_host_key
 from karios.fabric_worker.rollout.service import RolloutService
 from karios.fabric_worker.rollout.ssh import open_session
+
+log = get_logger(__name__)
 
 
 def fingerprint(host_key: str) -> str:
@@ -53,6 +57,23 @@ def _check_credentials(svc: RolloutService, q: PinNodeHostKey) -> None:
         ) from None
 
 
+# What an SSH server said after the connection was made: a caller may know it (no port scan in it).
+_LOGIN_ANSWERS = ("SSH authentication failed", "the stored SSH private key cannot be read")
+
+
+def _one_answer(q: PinNodeHostKey, exc: NodeUnreachable) -> NodeUnreachable:
+    """Issue 24 S5: whether the port refused, the connection was lost or timed out, or the address
+    is unreachable is not told to the caller (adoption would be a port scanner): one message; the
+    cause goes to this worker's log. A login refused by the node's sshd is still said."""
+    if exc.message.endswith(_LOGIN_ANSWERS):
+        return exc
+    log.warning("adoption: no SSH connection", node_ip=q.node_ip, ssh_port=q.ssh_port, cause=exc.message)
+    return NodeUnreachable(
+        f"{q.node_ip} port {q.ssh_port}: could not connect over SSH (no answer, refused or closed "
+        "before the login; the fabric worker's log has the cause)"
+    )
+
+
 async def pin_host_key(svc: RolloutService, q: PinNodeHostKey) -> PinnedHostKey:
     """Connect once (the pinned key, if any, must match: 409 HOST_KEY_CHANGED); unreachable or
     login refused: 502 NODE_UNREACHABLE naming address and cause. A first-seen key is pinned. With
@@ -60,18 +81,22 @@ async def pin_host_key(svc: RolloutService, q: PinNodeHostKey) -> PinnedHostKey:
     HOST_KEY_MISMATCH, :mod:`~karios.fabric_worker.rollout.expected_key`); without, first use."""
     _check_credentials(svc, q)
     await svc.repo.check_idle()  # 409 FABRIC_JOB_RUNNING: no SSH contact, nothing pinned
-    pinned = (await svc.repo.host_keys()).get(q.node_ip)
+    pinned = (await svc.repo.host_keys([q.node_ip])).get(q.node_ip)
     known = pinned or q.known_host_key
     use_worker_key = not (q.os_password_enc or q.ssh_private_key_enc)
     target = adoption_target(q, svc.box, private_key(svc.settings) if use_worker_key else None, known)
-    if q.expected_host_key_fingerprint:  # 409 HOST_KEY_MISMATCH before any login is tried
-        target = await expect_host_key(target, q.expected_host_key_fingerprint, limit_s=q.connect_timeout)
-    async with open_session(target, connect_timeout=q.connect_timeout) as session:
-        host_key, first = session.host_key, known is None
+    try:
+        if q.expected_host_key_fingerprint:  # 409 HOST_KEY_MISMATCH before any login is tried
+            target = await expect_host_key(target, q.expected_host_key_fingerprint, limit_s=q.connect_timeout)
+        async with open_session(target, connect_timeout=q.connect_timeout) as session:
+            host_key, first = session.host_key, known is None
+    except NodeUnreachable as exc:
+        raise _one_answer(q, exc) from None
     await svc.repo.check_idle()  # again: a job may have started during the SSH contact
     if pinned is None:
         await svc.remember({q.node_ip: host_key})
-        if (await svc.repo.host_keys()).get(q.node_ip) != host_key:  # pinned by another contact meanwhile
+        now_pinned = (await svc.repo.host_keys([q.node_ip])).get(q.node_ip)
+        if now_pinned != host_key:  # pinned by another contact meanwhile
             raise Conflict(f"{q.node_ip}: host key changed while adopting; refusing", field="node_ip")
     return PinnedHostKey(
         node_ip=q.node_ip, host_key=host_key, fingerprint=fingerprint(host_key), first_seen=first
@@ -83,7 +108,7 @@ async def release_node(svc: RolloutService, q: ReleaseFabricNode) -> ReleasedFab
     node was just reinstalled (its first boot: the old key is void, the fabric state stays)."""
     if not q.reinstalled:
         await svc.repo.check_idle()  # 409 FABRIC_JOB_RUNNING naming the job
-        vtep = (await svc.repo.allocations()).get(q.node_ip)
+        vtep = await svc.repo.allocation_of(q.node_ip)
         if vtep is not None:
             raise Conflict(
                 f"node_ip: {q.node_ip} holds fabric state (VTEP {vtep}); tear it down first "

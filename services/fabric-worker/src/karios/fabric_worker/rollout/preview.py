@@ -76,8 +76,11 @@ async def diff(svc: RolloutService, q: FabricDiffQuery) -> FabricDiffView:
     targets = await svc.targets_of(access)
     cfg = store.fields_of(row)
     pool = VtepPool.of(cfg.router_id_base, cfg.router_id_prefix_len, [cfg.fabric_switch_peering_ip])
-    allocated = await svc.repo.allocations()
-    vteps = planned_vteps(pool, allocated, [t.node_ip for t in targets])  # the apply's order
+    ips = [t.node_ip for t in targets]
+    allocated = await svc.repo.allocations(ips if node_ip else None)
+    if any(not pool.contains(allocated.get(ip, "")) for ip in ips):
+        allocated = await svc.repo.allocations()  # a node gets a free address: every taken one counts
+    vteps = planned_vteps(pool, allocated, ips)  # the apply's order
     overrides = {o["node_ip"]: NodeOverride(**o) for o in row.node_overrides or [] if isinstance(o, dict)}
     gate = asyncio.Semaphore(svc.settings.concurrency)
     opts = svc.settings.options()

@@ -13,7 +13,7 @@ queued job (written by the request that answered 202) has no owner until a repli
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -107,9 +107,25 @@ class RolloutRepository:
 
     # -- VTEP addresses and host keys ----------------------------------------------------------
 
-    async def allocations(self) -> dict[str, str]:
+    async def allocations(self, node_ips: Collection[str] | None = None) -> dict[str, str]:
+        """{node_ip: vtep_ip}, of every node or only of ``node_ips`` (one indexed lookup each:
+        a request about one node does not read a 1,000-node fabric's rows)."""
+        cols = VtepAllocationRow.__table__.c  # type: ignore[attr-defined]
+        q = sa.select(cols.node_ip, cols.vtep_ip)
+        if node_ips is not None:
+            q = q.where(cols.node_ip.in_(list(node_ips)))
         async with self.db.session() as s:
-            return {r.node_ip: r.vtep_ip for r in (await s.exec(select(VtepAllocationRow))).all()}
+            return {n: v for n, v in (await (await s.connection()).execute(q)).all()}
+
+    async def any_allocated(self) -> bool:
+        """Whether any node holds a VTEP address (one row read, not all)."""
+        q = sa.select(VtepAllocationRow.__table__.c.node_ip).limit(1)  # type: ignore[attr-defined]
+        async with self.db.session() as s:
+            return (await (await s.connection()).execute(q)).first() is not None
+
+    async def allocation_of(self, node_ip: str) -> str | None:
+        """The node's VTEP address, None when it holds none."""
+        return (await self.allocations([node_ip])).get(node_ip)
 
     async def allocate(self, node_ips: list[str]) -> dict[str, str]:
         out = {}
@@ -123,9 +139,14 @@ class RolloutRepository:
             with contextlib.suppress(NotFound):
                 await store.release(s, node_ip)
 
-    async def host_keys(self) -> dict[str, str]:
+    async def host_keys(self, node_ips: Collection[str] | None = None) -> dict[str, str]:
+        """{node_ip: pinned host key}, of every node or only of ``node_ips``."""
+        cols = NodeHostKeyRow.__table__.c  # type: ignore[attr-defined]
+        q = sa.select(cols.node_ip, cols.host_key)
+        if node_ips is not None:
+            q = q.where(cols.node_ip.in_(list(node_ips)))
         async with self.db.session() as s:
-            return {r.node_ip: r.host_key for r in (await s.exec(select(NodeHostKeyRow))).all()}
+            return {n: k for n, k in (await (await s.connection()).execute(q)).all()}
 
     async def remember_host_keys(self, keys: dict[str, str]) -> int:
         """Store first-seen keys; a node that already has one keeps it (a change is never accepted here)."""
@@ -145,10 +166,12 @@ class RolloutRepository:
     # -- job rows ------------------------------------------------------------------------------
 
     async def latest_job(self) -> FabricJobView | None:
+        """The newest job's summary: that column only (not the job's request, which holds every
+        node's access), validated once from its JSON text."""
+        q = sa.select(sa.cast(Row.summary, sa.Text)).order_by(Row.seq.desc()).limit(1)  # type: ignore[union-attr]
         async with self.db.session() as s:
-            q = select(Row).order_by(Row.seq.desc()).limit(1)  # type: ignore[union-attr]
-            row = (await s.exec(q)).first()
-        return FabricJobView.model_validate(row.summary) if row is not None else None
+            text = (await (await s.connection()).execute(q)).scalar()
+        return FabricJobView.model_validate_json(text) if text is not None else None
 
     async def get_row(self, job_id: str) -> FabricJobRow | None:
         async with self.db.session() as s:

@@ -84,7 +84,8 @@ class RolloutService:
 
     async def targets_of(self, access: list[NodeAccess]) -> list[NodeTarget]:
         """SSH targets, credentials decrypted now (the caller is about to connect)."""
-        return node_targets(access, self.box, private_key(self.settings), await self.repo.host_keys())
+        keys = await self.repo.host_keys([a.node_ip for a in access])  # only the nodes asked about
+        return node_targets(access, self.box, private_key(self.settings), keys)
 
     async def targets(self, node_ip: str = "") -> list[NodeTarget]:
         return await self.targets_of(await self.node_access(node_ip))

@@ -38,7 +38,7 @@ async def delete_config(svc: RolloutService, caller: str = "") -> DeleteResult:
     await svc.repo.check_idle()
     job_id = str(uuid.uuid4())
     registered: set[str] | None = None
-    if await svc.repo.allocations():
+    if await svc.repo.any_allocated():
         try:  # nodes no longer registered cannot be reached: nothing to queue for them
             registered = {a.node_ip for a in await svc.node_access()}
         except KariosError as exc:  # inventory down: queue them all, the job resolves later
@@ -141,7 +141,7 @@ async def teardown_node(svc: RolloutService, q: TeardownFabricNode) -> NodeTeard
     if res.removed and res.steps:
         # The fabric is no longer on every node: "degraded" while others keep it (an apply
         # brings this one back), "pending" when no node has it any more.
-        left = await svc.repo.allocations()
+        left = await svc.repo.any_allocated()
         await svc.repo.set_rollout_status(RolloutStatus.DEGRADED if left else RolloutStatus.PENDING)
     await svc.publish(
         RolloutEvent(

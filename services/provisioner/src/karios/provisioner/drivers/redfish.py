@@ -26,6 +26,7 @@ import stamina
 
 from karios.common.errors import KariosError, PermanentFailure, UpstreamError
 from karios.common.telemetry import get_logger
+from karios.common.telemetry_http import expected_statuses
 from karios.provisioner.drivers.quirks import Quirks
 from karios.provisioner.drivers.tls import (
     BmcCertificateChanged,
@@ -99,6 +100,7 @@ class RedfishDriver:
         self._relogin_tried = False
         self.calls: list[tuple[str, str]] = []
         self.last_status = 0  # HTTP status of the last answer (200/204: done; 202: a task)
+        self.last_location = ""  # Location header of the last answer (an action's task monitor)
         self.last_method = ""
         # Discovery, kept for this driver's (one job step's) lifetime: see the module docstring.
         self._root: dict[str, Any] | None = None
@@ -162,10 +164,12 @@ class RedfishDriver:
         if not self.ep.username:
             return
         try:
-            r = await self.client.post(
-                f"{ROOT}/SessionService/Sessions",
-                json={"UserName": self.ep.username, "Password": self.ep.password},
-            )
+            # A BMC without sessions answers 4xx/5xx here: the fallback below, not an error.
+            with expected_statuses(400, 401, 403, 404, 405, 501):
+                r = await self.client.post(
+                    f"{ROOT}/SessionService/Sessions",
+                    json={"UserName": self.ep.username, "Password": self.ep.password},
+                )
         except httpx.HTTPError:
             r = None
         if r is not None and r.status_code in (200, 201) and r.headers.get("X-Auth-Token"):
@@ -234,6 +238,7 @@ class RedfishDriver:
             await self._login()
             r = await self._send(method, uri, json)
         self.last_status, self.last_method = r.status_code, method
+        self.last_location = r.headers.get("Location", "")
         if r.status_code < 400:
             if not r.content:
                 return {}

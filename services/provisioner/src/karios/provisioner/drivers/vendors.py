@@ -10,12 +10,16 @@ from karios.provisioner.drivers.redfish import RedfishDriver
 
 class DellIdrac(RedfishDriver):
     vendor = "dell"
-    quirks = Quirks(vm_prefer="system", retry_on_409=True)
+    quirks = Quirks(
+        vm_prefer="system",
+        retry_on_409=True,
+        firmware_skip_prefixes=("Current-", "Previous-", "Available-", "Installable-"),
+    )
 
 
 class HpeIlo(RedfishDriver):
     vendor = "hpe"
-    quirks = Quirks(vm_prefer="manager", retry_on_409=True)
+    quirks = Quirks(vm_prefer="manager", retry_on_409=True, pci_ids_decimal=True)
 
     @staticmethod
     def _oem_target(slot: dict[str, Any], name: str) -> str:
@@ -41,7 +45,12 @@ class HpeIlo(RedfishDriver):
 
 class LenovoXcc(RedfishDriver):
     vendor = "lenovo"
-    quirks = Quirks(vm_prefer="manager", boot_enabled="Once")
+    quirks = Quirks(
+        vm_prefer="manager",
+        boot_enabled="Once",
+        host_interface_nics=frozenset({"ToManager"}),
+        firmware_push="multipart",
+    )
 
     def is_cd_slot(self, slot: dict[str, Any]) -> bool:
         # XCC slots all list CD; "EXT" slots take a URI (Remote*/RDOC* are for uploads).
@@ -50,7 +59,9 @@ class LenovoXcc(RedfishDriver):
 
 class SupermicroBmc(RedfishDriver):
     vendor = "supermicro"
-    quirks = Quirks(vm_prefer="manager", eject_when_empty_errors=True)
+    quirks = Quirks(
+        vm_prefer="manager", eject_when_empty_errors=True, gpu_ids_from_oem=True, bios_names_suffixed=True
+    )
 
     async def eject(self, slot_uri: str, slot: dict[str, Any]) -> None:
         if not self.action_target(slot, "EjectMedia") and self.inserted(slot):

@@ -80,6 +80,9 @@ class HostContext:
     updates: bool = False  # <suite>-updates
     image_url: str = ""  # image method: URL of the root filesystem archive
     job_type: str = "provision"  # provision | unprovision
+    # PEM CA certificates the live environment trusts besides its own store (the deployment's
+    # private CA: /images and callbacks over HTTPS); "" = none. The image and wipe media carry it.
+    ca_bundle: str = ""
 
 
 @dataclass
@@ -112,6 +115,16 @@ class InstallMethod(Protocol):
     def medium(self, ctx: HostContext) -> Medium:
         """The per-host medium (pure once prepared)."""
         ...
+
+
+#: Where a live medium's overlay puts the deployment's CA certificates (``callbacks.sh.j2`` adds
+#: them to the live environment's trust store before the first request).
+CA_PATH = "karios/ca.pem"
+
+
+def ca_overlay(ca_bundle: str) -> dict[str, str]:
+    """The overlay entry carrying ``ca_bundle`` (PEM), or none."""
+    return {CA_PATH: ca_bundle} if ca_bundle else {}
 
 
 def stage_of(stages: tuple[Stage, ...], key: str) -> Stage | None:

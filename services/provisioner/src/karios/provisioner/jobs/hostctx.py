@@ -9,9 +9,10 @@ import ipaddress
 from typing import Any
 
 from karios.common.bus.runtime import Bus
-from karios.common.contracts.inventory import AllocateIp, IpAllocation
+from karios.common.contracts.inventory import AllocateIp, Host, HostQuery, IpAllocation
 from karios.common.contracts.provision import POOL_TYPES, StartProvision
 from karios.common.crypto import SecretBox
+from karios.common.errors import NotFound
 from karios.common.provisioning import gpu_kernel_args
 from karios.provisioner.bmc import serial_console_for
 from karios.provisioner.config import ProvisionerConfig
@@ -22,8 +23,19 @@ from karios.provisioner.media import debian_release
 DEFAULT_OS_PASSWORD = "adminadmin"  # noqa: S105 - the seed's default when the request names none
 
 
+async def device_nameservers(bus: Bus, name: str) -> list[str]:
+    """The name servers the inventory gives device ``name`` (NetBox config context
+    ``karios.network.nameservers``, a file inventory's ``nameservers``); [] when it names none."""
+    try:
+        host = await bus.request(bus.subjects.query("inventory", "host"), HostQuery(name=name), reply=Host)
+    except NotFound:
+        return []
+    return list(host.nameservers)
+
+
 async def static_address(bus: Bus, cmd: StartProvision) -> dict[str, Any] | None:
-    """With ``prefix_id``: a static address from the inventory (NetBox prefix or the file pool)."""
+    """With ``prefix_id``: a static address from the inventory (NetBox prefix or the file pool),
+    with the device's own name servers from the inventory (else the pool's gateway)."""
     spec = cmd.spec
     if spec.prefix_id is None:
         return None
@@ -33,11 +45,12 @@ async def static_address(bus: Bus, cmd: StartProvision) -> dict[str, Any] | None
         reply=IpAllocation,
     )
     iface = ipaddress.ip_interface(alloc.address)
+    servers = await device_nameservers(bus, spec.hostname)
     return {
         "address": str(iface.ip),
         "netmask": str(iface.netmask),
         "gateway": alloc.gateway,
-        "nameservers": alloc.gateway,
+        "nameservers": servers or ([alloc.gateway] if alloc.gateway else []),
     }
 
 
@@ -98,4 +111,5 @@ async def host_context(
         updates=cfg.updates,
         image_url=_image_url(cfg, method, suite),
         job_type=cmd.job_type,
+        ca_bundle=cfg.ca_pem(),
     )

@@ -75,10 +75,17 @@ class AdmissionGate(Protocol):
     async def wait(self, job_id: str) -> None: ...
 
 
+class FirmwareBeforeInstall(Protocol):
+    """Firmware updates held for a BMC's next install (``firmware/service.py``)."""
+
+    async def before_install(self, bmc_ip: str, job_id: str) -> int: ...
+
+
 class WorkerPort(LeasedJobs, Protocol):
     """The worker phase (:mod:`.worker`): admission, BMC, medium, mount, gate, reset."""
 
     media: MediaBuilder
+    firmware: FirmwareBeforeInstall | None
     mounts: int
     resetting: dict[str, asyncio.Task[str]]
     build_sem: asyncio.Semaphore
@@ -94,6 +101,8 @@ class WorkerPort(LeasedJobs, Protocol):
 
     async def is_cancelled(self, job_id: str) -> bool: ...
 
+    def media_url(self, job_id: str) -> str: ...
+
     async def job_token(self, job: Job) -> str: ...
 
     async def driver(self, cmd: StartProvision, *, probe: bool = False) -> RedfishDriver: ...
@@ -101,3 +110,9 @@ class WorkerPort(LeasedJobs, Protocol):
     async def build_medium(self, cmd: StartProvision, token: str, job: Job | None = None) -> None: ...
 
     async def cleanup_bmc(self, job: Job) -> None: ...
+
+    async def emit(
+        self, job: Job, message: str = "", percent: int | None = None, fact: str | None = None
+    ) -> None:
+        """An event of the job's current state with ``message`` (no transition): the BIOS read-back."""
+        ...

@@ -36,6 +36,18 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+async def running_job_on(db: Database, bmc_ip: str) -> str | None:
+    """The id of a job on this BMC that has not ended (None: the BMC is free for a BMC-wide
+    action — a credential rotation, a firmware update)."""
+    async with db.session() as s:
+        row = (
+            await s.exec(  # type: ignore[call-overload]
+                sa.select(Job.id).where(Job.bmc_ip == bmc_ip, Job.state.notin_(TERMINAL_STATES))  # type: ignore[attr-defined]
+            )
+        ).first()
+    return None if row is None else str(row[0])
+
+
 class LeaseLost(Exception):
     """Another replica owns the job now (our lease expired): stop without touching the BMC."""
 
@@ -66,6 +78,12 @@ class JobRepository:
         if job is None:
             raise NotFound(f"no job {job_id}")
         return job
+
+    async def state_of(self, job_id: str) -> str | None:
+        """The job's state alone (None: no such job): the media access check."""
+        async with self.db.session() as s:
+            row = (await s.exec(sa.select(T.c.state).where(T.c.id == job_id))).first()
+        return row[0] if row else None
 
     async def insert(self, row: dict[str, Any]) -> tuple[bool, str | None]:
         """Insert a job (a duplicate id is a no-op): (created, id of another running job of its BMC).

@@ -32,13 +32,19 @@ from typing import Any
 import stamina
 from opentelemetry import trace
 
+from karios.common.bus.envelope import correlation_scope, current_correlation
 from karios.common.bus.runtime import Bus
 from karios.common.contracts.provision import (
     Admission,
     CallbackRequestV2,
     CancelJob,
+    ImageInfo,
+    ImageQuery,
     JobProgress,
+    JobRequestQuery,
+    JobRequestView,
     JobView,
+    ProvisionSpec,
     QueueEntry,
     StartProvision,
     job_token_hash,
@@ -61,10 +67,31 @@ from karios.provisioner.jobs import admitter, callbacks, upkeep, worker
 from karios.provisioner.jobs.hostctx import host_context
 from karios.provisioner.jobs.repository import JobCancelled, JobRepository, LeaseLost, now
 from karios.provisioner.media import MediaBuilder
+from karios.provisioner.media.access import MediaAccess
+from karios.provisioner.media.signing import MediaUrlSigner
 from karios.provisioner.models import Job
-from karios.provisioner.statemachine import INFO, WORKER_STATES, State, is_terminal
+from karios.provisioner.statemachine import INFO, WORKER_STATES, State, end_log_level, is_terminal
 
 log = get_logger(__name__)
+
+
+def _log_end(job: Job, previous: State, level: str) -> None:
+    """One line per job end (completed / failed / cancelled / stuck) with its reason."""
+    created = job.created_at
+    took = (now() - created).total_seconds() if created is not None else None
+    getattr(log, level)(
+        "job ended",
+        job_id=job.id,
+        bmc_ip=job.bmc_ip,
+        outcome=job.state,
+        reason=job.message[:500],
+        job_type=job.job_type,
+        vendor=job.vendor,
+        previous=previous.value,
+        duration_s=round(took, 1) if took is not None else None,
+    )
+
+
 TRACER = "karios.provisioner"
 # States in which the BMC may hold our medium and boot override: a job ending there cleans it.
 AT_THE_BMC = frozenset({State.mounting, State.booting, State.installing, State.first_boot, State.stuck})
@@ -97,6 +124,7 @@ class JobService:
     # gate + reset of a job, shielded from cancellation: a stop lets a started reset finish
     resetting: dict[str, asyncio.Task[str]] = field(default_factory=dict)
     cleanups: set[asyncio.Task[None]] = field(default_factory=set)  # BMC cleanups in flight
+    firmware: Any = None  # held firmware updates run before the install (app.py: FirmwareUpdates)
 
     def __post_init__(self) -> None:
         self.methods = self.methods or install_methods(self.cfg)
@@ -108,6 +136,8 @@ class JobService:
             lambda: asyncio.Semaphore(self.cfg.bmc_per_subnet)
         )
         self.admitter = admitter.Admitter(self)  # admission control: see admission.py
+        # GET /media/<job>.iso: a signed, expiring URL of a job that still consumes its medium
+        self.media_access = MediaAccess(MediaUrlSigner.from_box(self.box), self.repo.state_of)
         self._prepared: set[tuple[str, str]] = set()
         self._prepare_lock = asyncio.Lock()
 
@@ -167,10 +197,13 @@ class JobService:
         )
         j = moved.job
         metrics.job_moved(j.job_type, j.vendor, j.state, moved.previous, j.created_at)
+        if (level := end_log_level(j.state, moved.previous)) is not None:
+            _log_end(j, moved.previous, level)
         await self.emit(moved.job, fact=fact)
         if moved.previous in WORKER_STATES and j.state not in WORKER_STATES:
             self.admitter.poke()  # an admission slot is free
         if is_terminal(moved.job.state):
+            self.media_access.forget(job_id)
             self.media.remove(job_id)
             if moved.previous in AT_THE_BMC:
                 self._track(self.cleanup_bmc(moved.job), f"cleanup-{job_id}")
@@ -178,6 +211,11 @@ class JobService:
 
     async def check(self, job_id: str) -> Job:
         return self.verify(await self.load(job_id))
+
+    def media_url(self, job_id: str) -> str:
+        """The signed URL of the job's medium the BMC is given: it expires at the stage deadline
+        (the medium is read while booting; the job is ``stuck`` past that deadline anyway)."""
+        return self.media_access.url(self.cfg.media_url, job_id, self.cfg.stage_deadline)
 
     def verify(self, job: Job) -> Job:
         """A worker may go on with ``job`` (as just read): not cancelled, and ours."""
@@ -223,7 +261,11 @@ class JobService:
         """The worker phase as one span of the job's trace (its logs carry job_id and bmc_ip)."""
         job = await self._job_or_none(job_id)
         tp = job.spec.get("traceparent") if job is not None else None
-        with job_span(TRACER, "provision.job.run", tp, bind=job_binding(job_id, job)):
+        cid = job.spec.get("correlationid") if job is not None else None
+        with (
+            correlation_scope(cid),
+            job_span(TRACER, "provision.job.run", tp, bind=job_binding(job_id, job)),
+        ):
             await worker.run(self, job_id, job)  # the row just read: the worker checks it
 
     # -- use case: start ----------------------------------------------------------------
@@ -251,7 +293,11 @@ class JobService:
             "attempts": 1,
             "os_ip": "",
             "method": method,
-            "spec": {**cmd.model_dump(mode="json"), "traceparent": current_traceparent()},
+            "spec": {
+                **cmd.model_dump(mode="json"),
+                "traceparent": current_traceparent(),
+                "correlationid": current_correlation(),  # the user action, for a resumed job too
+            },
             "created_at": now(),
             "updated_at": now(),
         }
@@ -265,6 +311,17 @@ class JobService:
             refuse_second_job(cmd.spec.bmc_ip, other)
         except Conflict as exc:
             await self.move(cmd.job_id, State.failed, exc.message)
+            return
+        # A firmware update being flashed now: a reset or a medium would hit the BMC mid-flash
+        # (an update held for this install is not "now": the job runs it itself).
+        flashing = await self.firmware.store.active(cmd.spec.bmc_ip) if self.firmware is not None else None
+        if flashing is not None:
+            await self.move(
+                cmd.job_id,
+                State.failed,
+                f"bmc_ip: firmware update {flashing} is running on BMC {cmd.spec.bmc_ip}; "
+                "provision when it has ended (GET /controlnode/bmc/{ip}/firmware-updates/{id})",
+            )
             return
         self.spawn(cmd.job_id)
 
@@ -304,7 +361,9 @@ class JobService:
         drv = driver_of(self.driver_factory, cmd, await self.bmcs.endpoint(cmd, probe=probe))
         metrics.meter_bmc(getattr(drv, "client", None), cmd.spec.vendor)
         trace_http_client(
-            getattr(drv, "client", None), **bmc_span_attributes(cmd.spec.vendor, cmd.spec.bmc_ip)
+            getattr(drv, "client", None),
+            template=metrics.redfish_route_template,
+            **bmc_span_attributes(cmd.spec.vendor, cmd.spec.bmc_ip),
         )
         return drv
 
@@ -368,6 +427,35 @@ class JobService:
 
     async def admission(self) -> Admission:
         return (await admitter.admission(self))[0]
+
+    async def image_info(self, q: ImageQuery) -> ImageInfo:
+        """The installed size of the image a provision would write (its manifest; the image
+        method measures an archive built before manifests once), for the gateway's disk-size
+        check. None when unknown: no image built for the suite, or a method without one."""
+        name = method_for(self.methods, "provision", q.install_method, self.cfg.install_method)
+        measure = getattr(self.methods.get(name), "installed_bytes", None)
+        size = await asyncio.to_thread(measure, q.suite) if measure is not None else None
+        return ImageInfo(method=name, suite=q.suite, installed_bytes=size)
+
+    async def job_request(self, q: JobRequestQuery) -> JobRequestView:
+        """What job ``q.job_id`` was asked to do, its secrets left out (404: no such job)."""
+        job = await self.repo.load(q.job_id)
+        stored = (job.spec or {}).get("spec")  # the row keeps the StartProvision command's dump
+        if not stored:
+            known = {"vendor": job.vendor, "hostname": job.hostname, "method": job.method}
+            return JobRequestView(job_id=job.id, job_type=job.job_type, bmc_ip=job.bmc_ip, **known)
+        spec = ProvisionSpec.model_validate(stored)
+        requested = spec.install_method or ""
+        method = job.method or method_for(self.methods, job.job_type, requested, self.cfg.install_method)
+        return JobRequestView(
+            **spec.model_dump(include=set(JobRequestView.model_fields) - {"install_method", "method"}),
+            job_id=job.id,
+            job_type=job.job_type,
+            install_method=requested,
+            method=method,
+            has_os_password=bool(spec.os_password_enc),
+            has_root_pass=bool(spec.root_pass_enc),
+        )
 
     async def check_stuck(self) -> int:
         return await upkeep.check_stuck(self)

@@ -23,12 +23,13 @@ from karios.common.contracts.provision import StartProvision
 from karios.common.db.session import unavailable_database_error
 from karios.common.errors import KariosError
 from karios.common.telemetry import get_logger
+from karios.provisioner.bios import step as bios_step
 from karios.provisioner.bmc import probe
 from karios.provisioner.drivers import RedfishDriver
 from karios.provisioner.jobs.ports import WorkerPort
 from karios.provisioner.jobs.repository import JobCancelled, LeaseLost, now
 from karios.provisioner.models import Job
-from karios.provisioner.statemachine import State
+from karios.provisioner.statemachine import State, is_terminal
 
 log = get_logger(__name__)
 
@@ -72,6 +73,9 @@ async def run(svc: WorkerPort, job_id: str, job: Job | None = None) -> None:
             async with svc.bmc_sem:  # fail in seconds, before any medium is written
                 probed = await svc.driver(cmd, probe=True)
                 await probe(probed)
+            if svc.firmware is not None and at.job.job_type == "provision":
+                # held firmware updates: the same maintenance window, before the install
+                await svc.firmware.before_install(cmd.spec.bmc_ip, job_id)
         async with svc.build_sem:
             if state == State.queued:
                 await svc.move(job_id, State.building_media, owned=True)  # owner + cancel check
@@ -144,11 +148,15 @@ async def mount_and_reset(
 async def _mount_and_reset(svc: WorkerPort, at: Attempt, drv: RedfishDriver) -> str:
     async with drv:
         at.mounted = True
-        await drv.mount(f"{svc.cfg.media_url.rstrip('/')}/media/{at.job_id}.iso")
+        await drv.mount(svc.media_url(at.job_id))  # signed, expiring at the stage deadline
         svc.mounts += 1
         note = quirk_note(drv, await drv.set_boot_cd_once())
         if note:
             log.warning("BMC ignores one-time boot overrides", job_id=at.job_id, bmc_ip=drv.ep.bmc_ip)
+        # BIOS intents (gpu_passthrough): PATCHed now, applied by the reset below (bios/step.py).
+        spec = StartProvision.model_validate(at.job.spec) if at.job is not None else None
+        bios = await bios_step.before_reset(drv, spec) if spec is not None else None
+        note = "; ".join(n for n in (note, bios.note if bios else "") if n)
         # No read of the job here: the gate's move checks owner and cancel under the row lock.
         gate = asyncio.create_task(gate_and_reset(svc, at.job_id, drv, note))
         gate.add_done_callback(_retrieve)
@@ -159,7 +167,20 @@ async def _mount_and_reset(svc: WorkerPort, at: Attempt, drv: RedfishDriver) -> 
             if gate.done():
                 svc.resetting.pop(at.job_id, None)
         await drv.wait_power_on()
+        if bios is not None:
+            await _bios_read_back(svc, at.job_id, drv, bios)
     return kind
+
+
+async def _bios_read_back(svc: WorkerPort, job_id: str, drv: RedfishDriver, bios: bios_step.BiosStep) -> None:
+    """After the reset: the BIOS read back, the verdict on the job (an event, never a failure)."""
+    message = await bios_step.after_reset(drv, bios, drv.ep.power_deadline)
+    if not message:
+        return
+    with contextlib.suppress(KariosError):
+        job = await svc.load(job_id)
+        if not is_terminal(job.state):
+            await svc.emit(job, message=message)
 
 
 def quirk_note(drv: RedfishDriver, read_back: Any) -> str:

@@ -27,6 +27,33 @@
     el.hidden = false;
   }
 
+  // One short line for screen readers (the page's aria-live status region).
+  function announce(text) {
+    const el = $("#announce");
+    if (el && text && el.textContent !== text) el.textContent = text;
+  }
+
+  // A 422 names its field(s): the message goes next to the field, the field is marked invalid.
+  function showFieldErrors(form, res) {
+    form.querySelectorAll("[data-error-for]").forEach((el) => { el.textContent = ""; });
+    form.querySelectorAll("[aria-invalid]").forEach((el) => el.removeAttribute("aria-invalid"));
+    if (res.status !== 422 || !res.data || typeof res.data !== "object") return false;
+    const errs = Array.isArray(res.data.errors) && res.data.errors.length ? res.data.errors
+      : [{ field: res.data.field || "", message: res.data.message || "" }];
+    let shown = false;
+    for (const e of errs) {
+      const name = String(e.field || "").split(".")[0];
+      const slot = name && form.querySelector(`[data-error-for="${CSS.escape(name)}"]`);
+      if (!slot) continue;
+      const text = String(e.message || "");
+      slot.textContent = text.startsWith(name + ":") ? text.slice(name.length + 1).trim() : text;
+      const input = form.querySelector(`[name="${CSS.escape(name)}"]`);
+      if (input) { input.setAttribute("aria-invalid", "true"); if (!shown) input.focus(); }
+      shown = true;
+    }
+    return shown;
+  }
+
   function errorText(res) {
     const d = res.data || {};
     if (typeof d === "object" && d.message) return `${res.status} ${d.code || ""}: ${d.message}`;
@@ -46,14 +73,35 @@
     }
   }
 
+  // The job page tells a screen reader each change of state (and the installer's stage).
+  function jobSummary(root) {
+    const st = root.querySelector("#job-state");
+    if (!st) return "";
+    const cur = root.querySelector("#timeline li.current b");
+    const pct = root.querySelector("#live progress");
+    return `Job ${st.dataset.state}` + (cur ? `, stage ${cur.textContent}` : "") + (pct ? `, ${pct.value}%` : "");
+  }
+
   function startLive(region) {
     let pending = [];
     async function refresh() {
+      // Never wipe a secret being typed (the retry form asks for the request's passwords again).
+      if (Array.from(region.querySelectorAll("input[type=password]")).some((i) => i.value)) return;
+      const before = region.dataset.announce === "job" ? jobSummary(region) : "";
+      region.setAttribute("aria-busy", "true");
       const r = await fetch(region.dataset.live, { credentials: "same-origin" });
-      if (r.redirected || r.status === 401) { window.location = "/console/login"; return; }
+      region.removeAttribute("aria-busy");
+      if (r.redirected || r.status === 401) {
+        window.location = "/console/login?next=" + encodeURIComponent(location.pathname + location.search);
+        return;
+      }
       if (!r.ok) return;
       region.innerHTML = await r.text();
       applyLiveLabels(region);
+      if (region.dataset.announce === "job") {
+        const after = jobSummary(region);
+        if (after !== before) announce(after);
+      }
       region.dispatchEvent(new CustomEvent("karios:refreshed", { bubbles: true }));
     }
     function soon() {
@@ -74,6 +122,11 @@
             applyLiveLabels(region);
             const st = $("#action-status");
             if (st && ev.job_id) st.textContent = `${ev.state} ${ev.progress || 0}%`;
+          } catch (e) { /* a malformed event changes nothing */ }
+        } else if (region.dataset.announce === "jobs") {
+          try {
+            const ev = JSON.parse(msg.data).data || {};
+            if (ev.bmc_ip && ev.state) announce(`${ev.bmc_ip}: ${ev.state}${ev.percent ? " " + ev.percent + "%" : ""}`);
           } catch (e) { /* a malformed event changes nothing */ }
         }
         soon();
@@ -99,6 +152,32 @@
       const live = $("#live");
       if (live && live.karios) live.karios.soon();
     }
+  });
+
+  // Retry: the ended job's request again, through the same API call as the provision form.
+  document.addEventListener("submit", async (e) => {
+    const form = e.target.closest("#retry-form");
+    if (!form) return;
+    e.preventDefault();
+    const body = { ...JSON.parse(form.dataset.retry), ...formBody(form) };
+    const button = form.querySelector("button");
+    button.disabled = true;
+    const res = await api("POST", "/controlnode/provision", body);
+    if (res.ok) { window.location = "/console/jobs/" + encodeURIComponent(res.data.job_id); return; }
+    button.disabled = false;
+    flash(errorText(res), "fail");
+  });
+
+  // Adopt a discovered server (POST /controlnode/discovered/{id}/adopt).
+  document.addEventListener("submit", async (e) => {
+    const form = e.target.closest("form[data-adopt]");
+    if (!form) return;
+    e.preventDefault();
+    const res = await api("POST", `/controlnode/discovered/${encodeURIComponent(form.dataset.adopt)}/adopt`, formBody(form));
+    if (res.ok) {
+      flash(`adopted as ${res.data.server.hostname}`, "ok");
+      setTimeout(() => window.location.reload(), 800);
+    } else if (!showFieldErrors(form, res)) flash(errorText(res), "fail");
   });
 
   function bindProvision() {
@@ -139,6 +218,14 @@
       out.innerHTML = await r.text();
     });
     bindAck();
+    const create = $("#fabric-create-form");
+    if (create) create.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const res = await api("POST", "/controlnode/fabric-config", formBody(create));
+      if (res.ok) { flash("configuration created", "ok"); setTimeout(() => window.location.reload(), 800); return; }
+      const near = showFieldErrors(create, res);
+      flash(near ? "fix the field marked below" : errorText(res), "fail");
+    });
   }
 
   function bindAck() {
@@ -158,7 +245,10 @@
       const res = await api("POST", "/controlnode/fabric-config", body);
       if (res.status === 409 && res.data && res.data.code === "REQUIRES_SWITCH_RECONFIG_ACK") {
         details = res.data.details;
-        $("#ack-ranges").textContent = `The switch listens on ${details.old_listen_range}; it must listen on ${details.new_listen_range}. Paste this, then confirm:`;
+        const [was, will] = [details.old_listen_range, details.new_listen_range];
+        const moves = was && will && was !== will ? ` Its BGP listen range moves from ${was} to ${will}.`
+          : was !== will ? ` The switch ${was ? "stops" : "starts"} running BGP.` : "";
+        $("#ack-ranges").textContent = `This change reconfigures the fabric switch (${(details.changed_fields || []).join(", ")}).${moves} Paste this on the switch, then confirm:`;
         const sel = $("#ack-nos");
         sel.textContent = "";
         for (const s of details.snippets) { const o = document.createElement("option"); o.textContent = s.nos; sel.append(o); }
@@ -166,7 +256,7 @@
         show(details.switch_nos);
         $("#ack").hidden = false;
       } else if (res.ok) { flash("configuration saved", "ok"); window.location.reload(); }
-      else flash(errorText(res), "fail");
+      else { showFieldErrors(form, res); flash(errorText(res), "fail"); }
     });
     $("#ack-confirm").addEventListener("click", async () => {
       const nos = $("#ack-nos").value;

@@ -14,8 +14,10 @@ import ipaddress
 from dataclasses import replace
 
 from karios.common.errors import PermanentFailure
-from karios.provisioner.install import INSTALL_STAGES, HostContext, Medium, Stage
+from karios.common.provisioning import DISK_OVERHEAD, root_needs
+from karios.provisioner.install import INSTALL_STAGES, HostContext, Medium, Stage, ca_overlay
 from karios.provisioner.install.firstboot import firstboot_script, firstboot_unit
+from karios.provisioner.install.image.manifest import root_manifest
 from karios.provisioner.install.live import (
     LiveMethod,
     as_list,
@@ -71,13 +73,20 @@ class ImageMethod(LiveMethod):
 
     def prepare(self, major: str, suite: str) -> None:
         self.images.build(suite)
+        self.installed_bytes(suite)  # the manifest, measured once after a build
 
     def image_path(self, suite: str) -> str:
         """The root archive's path under ``images_dir`` (what ``GET /images/{path}`` serves)."""
         return f"{suite}/root.tar.zst"
 
-    def render_install_script(self, ctx: HostContext) -> str:
-        """``install.sh`` for one host (pure)."""
+    def installed_bytes(self, suite: str) -> int | None:
+        """What the suite's root archive takes once installed (its manifest), None if not built."""
+        manifest = root_manifest(self.images.images_dir / suite)
+        return int(manifest["installed_bytes"]) if manifest else None
+
+    def render_install_script(self, ctx: HostContext, installed_bytes: int | None = None) -> str:
+        """``install.sh`` for one host (pure). ``installed_bytes``: the image's installed size
+        (its manifest): the script checks the disks against it before streaming (None: no check)."""
         if not ctx.image_url:
             raise PermanentFailure("image_url: the image method needs the root filesystem URL")
         unit, speed = serial_grub(ctx.serial_console or "ttyS0,115200n8")
@@ -94,6 +103,9 @@ class ImageMethod(LiveMethod):
             serial_unit=unit,
             serial_speed=speed,
             network_unit=network_unit(ctx),
+            installed_bytes=installed_bytes or "",
+            root_needs=root_needs(installed_bytes) if installed_bytes else "",
+            disk_overhead=DISK_OVERHEAD,
         )
 
     def medium(self, ctx: HostContext) -> Medium:
@@ -105,10 +117,11 @@ class ImageMethod(LiveMethod):
         if not self.images.ready(ctx.suite):
             raise PermanentFailure(f"image: artifacts for {ctx.suite} not built under {art.kernel.parent}")
         overlay = {
-            "karios/run.sh": self.render_install_script(ctx),
+            "karios/run.sh": self.render_install_script(ctx, self.installed_bytes(ctx.suite)),
             "karios/net.env": net_env(ctx.nic_mac, ctx.static, ctx.nameservers),
             "karios/firstboot.sh": firstboot_script(ctx),
             "karios/firstboot.service": firstboot_unit(ctx),
+            **ca_overlay(ctx.ca_bundle),
         }
         return Medium(
             kernel=art.kernel,
