@@ -21,6 +21,7 @@ Needs root (namespaces): skipped with the reason otherwise, failed under CI=true
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -227,6 +228,65 @@ def _evpn_state(lab) -> str:
     return "\n".join(out)
 
 
+def _hub_state(run: Cellrun) -> str:
+    """The hubs' own view: OSPF adjacencies and who each thinks is DR/BDR, the LSDB, EVPN routes."""
+    out = []
+    for name, frr in (("switch", run.switch), ("gateway", run.gateway)):
+        if frr is None:
+            continue
+        for cmd in (
+            "show ip ospf neighbor",
+            "show ip ospf interface",
+            "show ip ospf database",
+            "show bgp l2vpn evpn summary",
+            "show bgp l2vpn evpn route type multicast",
+        ):
+            try:
+                out.append(f"{name}$ vtysh -c '{cmd}'\n{frr.vtysh(cmd, timeout=10)}")
+            except (RuntimeError, subprocess.SubprocessError) as exc:
+                out.append(f"{name}$ vtysh -c '{cmd}'\n({exc})")
+    return "\n".join(out)
+
+
+def _node_state(lab) -> str:
+    """Each node's routing view beyond :func:`_evpn_state`: its OSPF interface (DR/BDR as it
+    sees them), routes as FRR holds them, BGP next hops, EVPN sessions."""
+    out = []
+    for n in lab.nodes[:2]:
+        for cmd in (
+            "show ip ospf interface br-underlay",
+            "show ip route",
+            "show bgp nexthop",
+            "show bgp l2vpn evpn summary",
+        ):
+            out.append(f"{n.name}$ vtysh -c '{cmd}'\n{lab.node_exec(n, ['vtysh', '-c', cmd]).stdout}")
+    return "\n".join(out)
+
+
+class FailureSnapshot:
+    """An apply's event sink that, at the first node_failed (before that node is rolled back:
+    the sink is awaited), records both nodes' and the hubs' state: after the rollback the failed
+    node has nothing left to show."""
+
+    def __init__(self, lab, run: Cellrun) -> None:
+        self.lab, self.run, self.text = lab, run, ""
+
+    async def __call__(self, event) -> None:
+        if event.state == "node_failed" and not self.text:
+            self.text = await asyncio.to_thread(self._take, event.message)
+
+    def _take(self, message: str) -> str:
+        return "\n".join(
+            (
+                f"at node_failed: {message}",
+                _evpn_state(self.lab),
+                _node_state(self.lab),
+                _diagnose(self.lab, []),
+                _hub_state(self.run),
+            )
+        )
+
+
 _SEQ = iter(range(1000))
 
 
@@ -253,7 +313,8 @@ async def test_cell_comes_up_and_carries_traffic(lab, cell: Cell) -> None:
         ]
         vteps = allocate_vteps(intent, [t.node_ip for t in targets])
         t0 = time.monotonic()
-        summary = await ApplyJob(intent, targets, vteps, options=OPTS).run()
+        snapshot = FailureSnapshot(lab, run)
+        summary = await ApplyJob(intent, targets, vteps, options=OPTS, sink=snapshot).run()
         retried = ""
         first_error = summary.first_fail_error or ""
         if summary.job_status != "completed" and ("DF ping" in first_error or "no IMET" in first_error):
@@ -265,8 +326,11 @@ async def test_cell_comes_up_and_carries_traffic(lab, cell: Cell) -> None:
             # nodes' EVPN state are printed and the cell is marked RETRIED in the table; the apply
             # (safe to re-run) runs once more and must then pass.
             retried = f"RETRIED(first apply: {summary.first_fail_error})"
-            print(f"{cell.id}: {retried}\n{_evpn_state(lab)}\n{_diagnose(lab, [])}")
-            summary = await ApplyJob(intent, targets, vteps, options=OPTS).run()
+            print(f"{cell.id}: {retried}\n{snapshot.text}")
+            snapshot = FailureSnapshot(lab, run)
+            summary = await ApplyJob(intent, targets, vteps, options=OPTS, sink=snapshot).run()
+            if summary.job_status != "completed":
+                print(f"{cell.id}: second apply failed too\n{snapshot.text}")
         established = time.monotonic() - t0
         assert summary.job_status == "completed", (summary.first_fail_error, summary.nodes)
         checks = ["established"]
