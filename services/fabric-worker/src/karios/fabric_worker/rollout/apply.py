@@ -71,10 +71,9 @@ async def check_apply(
     access = await svc.node_access(node_ip)
     if not access:
         raise Conflict(NO_NODES)
-    seen = _seen(row)
-    found = _blockers(row, seen, intent.vxlan_mtu, access, whole=not node_ip)
+    found = _blockers(svc, row, intent.vxlan_mtu, access, whole=not node_ip)
     if found and not force:
-        largest = judge.max_vxlan_mtu(seen.values())
+        largest = judge.max_vxlan_mtu(svc.verdicts.seen(row.preflight_nodes or []).values())
         raise PreflightBlocked(
             judge.headline(found, largest),
             field=found[0].field,
@@ -91,33 +90,17 @@ async def _still(session: Any, checked: FabricConfigRow) -> None:
         raise Conflict("the fabric configuration changed while the apply was checked; send it again")
 
 
-def _seen(row: FabricConfigRow) -> dict[str, judge.NodeSeen]:
-    """The last preflight's verdict per node (a node registered twice was probed twice: the last
-    one counts). Not validated again: this worker stored them from validated ``NodeSeen``
-    (``preflight.seen``), and a refused apply read 1,000 of them per request."""
-    return {
-        n["node_ip"]: judge.NodeSeen.model_construct(**n)
-        for n in row.preflight_nodes or []
-        if isinstance(n, dict) and "node_ip" in n and "mode" in n
-    }
-
-
 def _blockers(
-    row: FabricConfigRow,
-    seen: dict[str, judge.NodeSeen],
-    vxlan_mtu: int,
-    access: list[NodeAccess],
-    *,
-    whole: bool,
+    svc: RolloutService, row: FabricConfigRow, vxlan_mtu: int, access: list[NodeAccess], *, whole: bool
 ) -> list[PreflightBlocker]:
     """The last preflight's verdict on the nodes this apply reaches (nodes it never saw pass)."""
-    targets = {a.node_ip for a in access}
     cfg = store.fields_of(row)
     capacity = VtepPool.of(
         cfg.router_id_base, cfg.router_id_prefix_len, [cfg.fabric_switch_peering_ip]
     ).total_usable
-    return judge.blockers(
-        [n for ip, n in seen.items() if ip in targets],
+    return svc.verdicts.blockers(
+        row.preflight_nodes or [],
+        frozenset(a.node_ip for a in access),
         vxlan_mtu=vxlan_mtu,
         capacity=capacity,
         needed=len(access) if whole else 0,

@@ -133,3 +133,55 @@ def headline(found: Sequence[PreflightBlocker], largest: int) -> str:
         + "; ".join(parts)
         + ". Fix and re-run preflight, or force the apply (fabric_admin)"
     )
+
+
+class VerdictMemo:
+    """The last stored preflight's verdicts parsed once, and the blockers found in them: an
+    apply request refused for the same preflight (1,000 nodes, each refusal re-reading them:
+    ``benchmarks/every_route.py``) reuses both while the stored list is equal. Plain state, no
+    I/O; a worker owns one."""
+
+    _MAX_KEYS = 8  # blocker sets kept per preflight (target sets × MTU); more are recomputed
+
+    def __init__(self) -> None:
+        self._nodes: list | None = None
+        self._seen: dict[str, NodeSeen] = {}
+        self._found: dict[tuple, tuple[PreflightBlocker, ...]] = {}
+
+    def seen(self, stored: list) -> dict[str, NodeSeen]:
+        """{node_ip: verdict} of a stored preflight list (a node probed twice: the last counts).
+        Not validated again: the worker stored them from validated ``NodeSeen``."""
+        if stored != self._nodes:
+            self._seen = {
+                n["node_ip"]: NodeSeen.model_construct(**n)
+                for n in stored
+                if isinstance(n, dict) and "node_ip" in n and "mode" in n
+            }
+            self._nodes, self._found = list(stored), {}
+        return self._seen
+
+    def blockers(
+        self,
+        stored: list,
+        targets: frozenset[str],
+        *,
+        vxlan_mtu: int,
+        capacity: int,
+        needed: int,
+        prefix_len: int,
+    ) -> list[PreflightBlocker]:
+        """:func:`blockers` of the stored verdicts of `targets` (nodes preflight never saw pass)."""
+        seen = self.seen(stored)
+        key = (targets, vxlan_mtu, capacity, needed, prefix_len)
+        if key not in self._found:
+            if len(self._found) >= self._MAX_KEYS:
+                self._found.clear()
+            found = blockers(
+                [n for ip, n in seen.items() if ip in targets],
+                vxlan_mtu=vxlan_mtu,
+                capacity=capacity,
+                needed=needed,
+                prefix_len=prefix_len,
+            )
+            self._found[key] = tuple(found)
+        return list(self._found[key])

@@ -20,6 +20,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from karios.common.bus.runtime import HandlerContext
 from karios.common.contracts.fabric import FabricConfigView
 from karios.common.contracts.fabric_rollout import FabricRolloutEvent, RolloutStatus
@@ -34,11 +36,14 @@ from karios.fabric_worker.outbox import fabric_outbox
 from karios.fabric_worker.rollout.access import node_targets, private_key
 from karios.fabric_worker.rollout.intent import NodeTarget
 from karios.fabric_worker.rollout.jobs import JobRegistry
+from karios.fabric_worker.rollout.judge import VerdictMemo
 from karios.fabric_worker.rollout.repository import RolloutRepository
 from karios.fabric_worker.rollout.summary import JobSummary
 from karios.fabric_worker.settings import FabricWorkerSettings
 
 log = get_logger(__name__)
+# One validation call for the whole node set (1,000 nodes per apply request), not one per node.
+_ACCESS_LIST = TypeAdapter(list[NodeAccess])
 
 
 class RolloutService:
@@ -49,6 +54,7 @@ class RolloutService:
     def __init__(self, rt: ServiceRuntime, box: SecretBox, settings: FabricWorkerSettings) -> None:
         self.rt, self.box, self.settings = rt, box, settings
         self.registry = JobRegistry()
+        self.verdicts = VerdictMemo()  # the last preflight's verdicts, parsed once (apply refusals)
         self.vnis = settings.vni_list()
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stopping = False
@@ -80,7 +86,7 @@ class RolloutService:
         raw = await self.rt.bus.request(
             self.rt.bus.subjects.query("inventory", "node_access"), NodeAccessQuery(node_ip=node_ip or None)
         )
-        return [NodeAccess.model_validate(a) for a in raw or []]
+        return _ACCESS_LIST.validate_python(raw or [])
 
     async def targets_of(self, access: list[NodeAccess]) -> list[NodeTarget]:
         """SSH targets, credentials decrypted now (the caller is about to connect)."""
