@@ -487,7 +487,10 @@ def test_fabric_config_created_from_the_form_422_beside_the_field(system: Karios
     css(d, "#create-config")[0].click()
     wait_until_sync(lambda: texts(d, "#cfg-mgmt") == [FABRIC_CONFIG["management_cidr"]], timeout=30,
                     what="the created config on the page")  # fmt: skip
-    assert not css(d, "#fabric-create-form") and css(d, "#config-form")
+    # The live section can show the new config before the page's reload (800 ms after the
+    # 201) replaces the create form with the edit form: wait for the reload (CI 2026-12-05).
+    wait_until_sync(lambda: not css(d, "#fabric-create-form") and css(d, "#config-form"), timeout=30,
+                    what="the page reloaded with the edit form")  # fmt: skip
     admin = {"Authorization": f"Bearer {system.token}"}
     stored = httpx.get(system.url() + "/controlnode/fabric-config", headers=admin, timeout=30).json()
     assert {k: stored[k] for k in FABRIC_CONFIG} == FABRIC_CONFIG

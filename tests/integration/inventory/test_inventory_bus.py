@@ -227,6 +227,7 @@ async def test_webhook_checks_the_signature_and_emits_device_changed(settings, i
     nc = await nats.connect(settings.nats_url)
     got: asyncio.Queue = asyncio.Queue()
     await nc.subscribe(subjects.evt("inventory", "device.changed", "node-02"), cb=got.put)
+    await nc.flush()  # the server has the subscription before the webhook publishes
     body = json.dumps(
         {
             "event": "updated",
@@ -248,7 +249,7 @@ async def test_webhook_checks_the_signature_and_emits_device_changed(settings, i
                 headers={"X-Hook-Signature": sign(body, WEBHOOK_SECRET), "Content-Type": "application/json"},
             )
             assert r.status_code == 202 and r.json()["accepted"] is True
-            msg = await asyncio.wait_for(got.get(), 5)
+            msg = await asyncio.wait_for(got.get(), 30)  # stored before the 202; 5 s was missed under CI load
             assert json.loads(msg.data)["data"]["device_id"] == 2
             other = json.dumps({"event": "created", "object_type": "extras.tag", "data": {"id": 1}}).encode()
             r = await c.post(url, content=other, headers={"X-Hook-Signature": sign(other, WEBHOOK_SECRET)})
