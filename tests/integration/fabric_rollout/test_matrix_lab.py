@@ -214,15 +214,20 @@ def _diagnose(lab, hosts: list[str]) -> str:
     return "\n".join(out)
 
 
-def _evpn_state(lab) -> str:
-    """Each node's EVPN view (type-3 routes, VNIs) and its bridge's IPv6 addresses."""
+def _routing_state(lab) -> str:
+    """Each node's routing view: type-3 routes, VNIs, OSPF neighbours and interface (DR/BDR as it
+    sees them), the bridge's IPv6 addresses, routes as FRR holds them, BGP next hops, EVPN sessions."""
     out = []
     for n in lab.nodes[:2]:
         for cmd in (
             ["vtysh", "-c", "show bgp l2vpn evpn route type multicast"],
             ["vtysh", "-c", "show evpn vni detail"],
             ["vtysh", "-c", "show ip ospf neighbor"],
+            ["vtysh", "-c", "show ip ospf interface br-underlay"],
             ["ip", "-6", "addr", "show", "dev", f"br{VNI}"],
+            ["vtysh", "-c", "show ip route"],
+            ["vtysh", "-c", "show bgp nexthop"],
+            ["vtysh", "-c", "show bgp l2vpn evpn summary"],
         ):
             out.append(f"{n.name}$ {' '.join(cmd)}\n{lab.node_exec(n, cmd).stdout}")
     return "\n".join(out)
@@ -248,21 +253,6 @@ def _hub_state(run: Cellrun) -> str:
     return "\n".join(out)
 
 
-def _node_state(lab) -> str:
-    """Each node's routing view beyond :func:`_evpn_state`: its OSPF interface (DR/BDR as it
-    sees them), routes as FRR holds them, BGP next hops, EVPN sessions."""
-    out = []
-    for n in lab.nodes[:2]:
-        for cmd in (
-            "show ip ospf interface br-underlay",
-            "show ip route",
-            "show bgp nexthop",
-            "show bgp l2vpn evpn summary",
-        ):
-            out.append(f"{n.name}$ vtysh -c '{cmd}'\n{lab.node_exec(n, ['vtysh', '-c', cmd]).stdout}")
-    return "\n".join(out)
-
-
 class FailureSnapshot:
     """An apply's event sink that, at the first node_failed (before that node is rolled back:
     the sink is awaited), records both nodes' and the hubs' state: after the rollback the failed
@@ -279,8 +269,7 @@ class FailureSnapshot:
         return "\n".join(
             (
                 f"at node_failed: {message}",
-                _evpn_state(self.lab),
-                _node_state(self.lab),
+                _routing_state(self.lab),
                 _diagnose(self.lab, []),
                 _hub_state(self.run),
             )
