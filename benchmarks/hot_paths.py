@@ -14,7 +14,7 @@ missing) so that the load generator is not Python:
 2. gateway authenticated reads, 100 connections: ``/controlnode/tokens/self`` (the auth path
    alone), ``/controlnode/provision/queue`` and ``/controlnode/nodes`` (auth + a bus query, shared
    for 250 ms): limit p99 < 50 ms. Rows "1 connection": the service time of one request without
-   queueing. Measured on the gateway of ``karios up`` (uvicorn, fast reads on) and on a second
+   queueing. Measured on the gateway of ``karios up`` (granian, fast reads on) and on a second
    replica under each ``--gateway-configs`` (server and fast reads on/off, by default
    ``uvicorn:plain,granian:plain,granian:fast``).
 3. 10,000 registered nodes: ``/controlnode/nodes`` first and last page (limit=100) and a point
@@ -265,7 +265,7 @@ def gateway_rows(gw: str, token: str, secs: int) -> list[tuple[str, dict[str, fl
 
 
 #: Second gateway replicas of section 2: (HTTP server, fast reads). The gateway of ``karios up``
-#: is (uvicorn, fast reads on: the default).
+#: is (granian, fast reads on: the default).
 GATEWAY_CONFIGS = (("uvicorn", False), ("granian", False), ("granian", True))
 
 
@@ -325,11 +325,11 @@ def second_gateway(s: System, server: str, fast: bool) -> tuple[subprocess.Popen
 
 
 def bench_gateway(s: System, secs: int, configs: tuple[tuple[str, bool], ...] = GATEWAY_CONFIGS) -> None:
-    """The gateway of ``karios up`` (uvicorn, the supported server, fast reads on), then a second
+    """The gateway of ``karios up`` (granian, ``karios run``'s default for it, fast reads on), then a second
     replica under each of ``configs`` (server, fast reads): what the server and the fast path
     alone change."""
     url = s.url("GATEWAY")
-    rows = [(f"{name} [uvicorn]", r, lim) for name, r, lim in gateway_rows(url, s.token, secs)]
+    rows = [(f"{name} [karios up]", r, lim) for name, r, lim in gateway_rows(url, s.token, secs)]
     for server, fast in configs:
         proc, url = second_gateway(s, server, fast)
         try:

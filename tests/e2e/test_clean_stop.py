@@ -15,6 +15,9 @@ import json
 import os
 import signal
 import subprocess
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -55,6 +58,30 @@ class _Up(KariosUp):
         return self.proc.returncode
 
 
+class _Stream(threading.Thread):
+    """One ``GET /controlnode/events`` read to its end; ``last`` is its last frame."""
+
+    def __init__(self, url: str, token: str) -> None:
+        super().__init__(daemon=True)
+        self.req = urllib.request.Request(
+            f"{url}/controlnode/events", headers={"Authorization": f"Bearer {token}"}
+        )
+        self.opened = threading.Event()
+        self.server, self.last, self.error = "", b"", ""
+
+    def run(self) -> None:
+        try:
+            with urllib.request.urlopen(self.req, timeout=120) as resp:
+                self.server = resp.headers.get("server", "")
+                self.opened.set()
+                for line in resp:
+                    if line.strip():
+                        self.last = line if not line.startswith(b"data:") else self.last + line
+        except Exception as exc:
+            self.error = repr(exc)
+            self.opened.set()
+
+
 def _problems(logs: Path) -> list[str]:
     found = []
     for path in sorted(logs.glob("*.log")):
@@ -88,9 +115,25 @@ def test_start_and_stop_log_no_error_line():
                     )
                     assert status == 201
                     secrets = (json.loads(body)["token"], up.token)
+                streams = []
+                if sig == signal.SIGTERM:  # SSE streams never end by themselves: stop cuts them
+                    streams = [_Stream(up.url(), up.token) for _ in range(2)]
+                    for st in streams:
+                        st.start()
+                        assert st.opened.wait(30) and not st.error, st.error
             finally:
+                began = time.monotonic()
                 code = up.stop_with(sig)
             assert code == 0, up.text()
+            for st in streams:
+                st.join(10)
+                # Served by granian (karios run's default for the gateway), which waits for open
+                # responses before it stops: the relay ended each stream first, telling the
+                # client where to resume.
+                assert st.server == "granian" and not st.error, (st.server, st.error)
+                assert st.last.startswith(b"event: reconnect") and b'"server stopping"' in st.last, st.last
+            if streams:
+                assert time.monotonic() - began < 30, "karios up took too long to stop with SSE streams open"
             assert "karios: stopped" in up.text(), up.text()
 
         logs = state / "logs"

@@ -74,6 +74,15 @@ def lab():
             Path(out, "fabric-matrix.txt").write_text("\n".join(lines) + "\n")
 
 
+def _record_retry(text: str) -> None:
+    """A retried cell's state, for the end of the CI log (pytest hides a passing test's output)."""
+    out = os.environ.get("KARIOS_MEASURE_DIR")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with Path(out, "fabric-matrix-retries.txt").open("a") as f:
+            f.write(text.rstrip() + "\n\n")
+
+
 def _hmac_supported() -> bool:
     """FRR 8.4 has key chains with hmac-sha-256 but no OSPF interface command using them."""
     res = subprocess.run(
@@ -318,6 +327,7 @@ async def test_cell_comes_up_and_carries_traffic(lab, cell: Cell) -> None:
             # and the cell is marked RETRIED in the table.
             retried = f"RETRIED(first apply: {summary.first_fail_error})"
             print(f"{cell.id}: {retried}\n{snapshot.text}")
+            _record_retry(f"{cell.id}: {retried}\n{snapshot.text}")
             run.stop()
             _reset(lab)
             run = Cellrun(lab, next(_SEQ))

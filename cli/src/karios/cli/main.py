@@ -6,10 +6,10 @@ to a gateway's REST API with the client context ``karios up`` / ``karios login``
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from enum import StrEnum
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated
 
@@ -122,17 +122,16 @@ def run(
     service: Annotated[ServiceName, typer.Argument(help="the service to run")],
     port: Annotated[int | None, typer.Option(help="listen port (default: the service's setting)")] = None,
     server: Annotated[
-        HttpServer,
+        HttpServer | None,
         typer.Option(
             envvar="KARIOS_RUN_SERVER",
             help="HTTP server of the services other than bootapi (bootapi: BOOTAPI_SERVER); "
-            "granian is for measurements (benchmarks/hot_paths.py), uvicorn the supported one",
+            "default: granian for the api-gateway, uvicorn for the others",
+            show_default=False,
         ),
-    ] = HttpServer.uvicorn,
+    ] = None,
 ) -> None:
     """Run one service (how production runs it)."""
-    import uvicorn
-
     from karios.common.settings import KariosSettings
 
     spec = SERVICES[service.value]
@@ -148,18 +147,17 @@ def run(
         return
     listen_port = port or int(getattr(settings, spec.port_setting))
     tls = server_tls(spec.name, settings)
-    if server is HttpServer.granian:
-        from karios.bootapi.listeners import GranianListener, run_servers
+    if (server or HttpServer(spec.server)) is HttpServer.granian:
+        from karios.bootapi.listeners import GranianListener, on_uvloop, run_servers
 
-        if tls:
-            raise typer.BadParameter(
-                "granian serves plain HTTP here: unset KARIOS_TLS_CERTFILE (the provisioner: "
-                "KARIOS_PROVISIONER_TLS) or use uvicorn"
-            )
-
-        listener = GranianListener(spec.create_app(), settings.host, listen_port, lifespan=True, threads=2)
-        asyncio.run(run_servers([listener]))
+        certs = {"ssl_cert": Path(tls["ssl_certfile"]), "ssl_key": Path(tls["ssl_keyfile"])} if tls else {}
+        listener = GranianListener(
+            spec.create_app(), settings.host, listen_port, lifespan=True, threads=2, **certs
+        )
+        on_uvloop(run_servers([listener]))
         return
+    import uvicorn
+
     from karios.common.http import SERVER_KEEP_ALIVE_S
 
     # SSE streams never end on their own: give open connections 5 s on SIGTERM, then close them.

@@ -14,6 +14,11 @@ class ServiceSpec:
     name: str
     module: str
     port_setting: str
+    #: ``karios run``'s HTTP server unless ``--server``/``KARIOS_RUN_SERVER`` says otherwise: the
+    #: gateway on granian (its answers' p99 at 100 connections: uvicorn 300-800 ms, granian
+    #: 30-90 ms, benchmarks/hot_paths.py section 2); the provisioner on uvicorn (its zero-copy
+    #: ``/media`` and ``/images`` need uvicorn's httptools transport); the rest as they were.
+    server: str = "uvicorn"
 
     def create_app(self) -> FastAPI:
         return importlib.import_module(self.module).create_app()  # type: ignore[no-any-return]
@@ -26,7 +31,7 @@ SERVICES: dict[str, ServiceSpec] = {
         ServiceSpec("provisioner", "karios.provisioner.app", "provisioner_port"),
         ServiceSpec("fabric-worker", "karios.fabric_worker.app", "fabric_worker_port"),
         ServiceSpec("bootapi", "karios.bootapi.app", "bootapi_port"),
-        ServiceSpec("api-gateway", "karios.api_gateway.app", "gateway_port"),
+        ServiceSpec("api-gateway", "karios.api_gateway.app", "gateway_port", server="granian"),
     )
 }
 

@@ -20,6 +20,7 @@ from karios.api_gateway.readmodel import ProvisionProjector
 from karios.api_gateway.routes import ROUTERS
 from karios.common.bus.stats import BusStats
 from karios.common.crypto import SecretBox
+from karios.common.routegate import gate_included_routers
 from karios.common.service import ServiceRuntime, build_app
 from karios.common.settings import KariosSettings
 
@@ -80,6 +81,9 @@ def create_app(settings: KariosSettings | None = None, *, fast_reads: bool | Non
         on_stop=on_stop,
     )
     app.state.relay = relay
+    # Called by the HTTP server (bootapi.listeners.GranianListener) before it stops accepting
+    # and drains: the SSE streams end first, so the drain and the lifespan's on_stop follow.
+    app.state.before_server_stop = [relay.end_streams]
     app.add_middleware(DirectSSE)  # outside the stack: SSE bodies skip its per-chunk send wrappers
     app.state.outbox = outbox
     app.state.after_outbox_commit = kill_after_commit_hook()
@@ -95,6 +99,7 @@ def create_app(settings: KariosSettings | None = None, *, fast_reads: bool | Non
         app.include_router(router)
     document_errors(app)  # every 4xx/5xx in the OpenAPI document is ErrorResponse
     document_links(app)  # responses that name a resource link to the operations taking it
+    gate_included_routers(app)  # a request skips the routers whose paths cannot be its own
     # Outermost: the hot authenticated reads answered from those caches without FastAPI's layers.
     app.add_middleware(
         FastReads,

@@ -96,6 +96,7 @@ class SSEClient:
     closed: bool = False
     beat: bool = False  # a keep-alive is due
     wrote: bool = False  # something was written since the last keep-alive tick
+    ending: bool = False  # the server stops: tell the client to reconnect and end the stream
 
     def offer(self, ev: RelayedEvent) -> bool:
         """Queue ``ev`` (the caller checked the filter); True when this cut the client."""
@@ -120,6 +121,10 @@ class SSEClient:
         self.closed = True
         self.wake()
 
+    def end(self) -> None:
+        self.ending = True
+        self.wake()
+
 
 EventListener = Callable[[RelayedEvent, dict[str, Any]], Awaitable[None]]
 
@@ -141,6 +146,8 @@ class EventRelay:
     _watchdog: asyncio.Task[None] | None = None
     _order: asyncio.Lock = field(default_factory=asyncio.Lock)
     _behind_at: int | None = None  # the stream's last sequence when the relay was last seen behind
+    #: The server is stopping: every stream, open or new, ends with ``event: reconnect``.
+    ending: bool = False
 
     def __post_init__(self) -> None:
         self.m_clients = Gauge("karios_sse_clients", "Connected SSE clients", registry=self.registry)
@@ -290,9 +297,20 @@ class EventRelay:
         async for msg in self.bus.read_events(after, until):
             yield self.decode(msg)
 
+    def end_streams(self) -> None:
+        """The server is about to stop: end every stream (each writes ``event: reconnect`` with the
+        id it reached and completes its response), so that the server, which waits for open
+        responses before it runs the lifespan's shutdown, stops at once. SSE streams never end on
+        their own; granian has no grace timeout of its own (uvicorn: 5 s, then it cuts them)."""
+        self.ending = True
+        for group in self.groups.values():
+            for client in group:
+                client.end()
+
     def open(self, wanted: set[str] | frozenset[str] | None) -> SSEClient:
         """Register a client: from now on it receives live events matching ``wanted``."""
         client = SSEClient(frozenset(wanted) if wanted else None, self.queue_size, joined=self.last_seq)
+        client.ending = self.ending
         self.groups.setdefault(client.wanted, set()).add(client)
         self.m_clients.inc()
         return client
@@ -324,6 +342,10 @@ class EventRelay:
                     yield ev.sse()
         loop = asyncio.get_running_loop()
         while not client.closed:
+            if client.ending:  # the events pending are left for the next replica's replay
+                body = json.dumps({"reason": "server stopping", "last_event_id": sent}).encode()
+                yield b"event: reconnect\ndata: %s\n\n" % body
+                return
             if not client.pending and not client.overflowed and not client.beat:
                 client.waiter = waiter = loop.create_future()
                 try:

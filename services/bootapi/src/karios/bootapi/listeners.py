@@ -12,7 +12,7 @@ import gc
 import logging
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -73,6 +73,11 @@ class GranianListener:
 
     @should_exit.setter
     def should_exit(self, value: bool) -> None:
+        if value and not self._exit:
+            # The app's own "about to stop" hooks (the gateway ends its SSE streams): granian
+            # waits for every open response before the lifespan's shutdown, with no timeout.
+            for hook in getattr(getattr(self.app, "state", None), "before_server_stop", ()):
+                hook()
         self._exit = value
         if value and self._server is not None:
             self._server.stop()
@@ -196,12 +201,17 @@ def run(settings: KariosSettings | None = None, boot: BootapiSettings | None = N
     uvloop the cached ``/ipxe`` answers ~1.3x the requests/s of the default loop at 200
     connections (24,000 -> 30,000 req/s, benchmarks/hot_paths.py section 1).
     """
+    on_uvloop(serve(settings, boot))
+
+
+def on_uvloop(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on uvloop where it is installed, else on asyncio's own loop."""
     try:
         import uvloop
     except ImportError:  # not built for this platform
-        asyncio.run(serve(settings, boot))
+        asyncio.run(main)
         return
-    uvloop.run(serve(settings, boot))
+    uvloop.run(main)
 
 
 async def run_servers(servers: list[Listener]) -> None:
