@@ -310,3 +310,37 @@ async def test_device_changed_from_the_bus_drops_the_cached_host_on_every_replic
         lambda: all(c.peek("name:node-02") is None for c in caches), what="every replica to drop node-02"
     )
     assert [c.peek("name:node-02") for c in caches] == [None, None]
+
+
+async def test_the_whole_node_set_follows_every_write_even_one_made_in_sql(
+    settings, serve, bus, inventory, forget_registered
+):
+    """The inventory keeps the whole node set while its tables are unchanged (issue 28): a write
+    through the API, an UPDATE or a DELETE made in SQL (another replica, a restore) is seen by
+    the next request, never a kept set."""
+    subject = bus.subjects.query("inventory", "node_access")
+
+    async def mine() -> list[dict]:
+        return [n for n in await bus.request(subject, NodeAccessQuery()) if n["bmc_ip"] == "10.20.0.11"]
+
+    gw = await serve(gateway_app(settings))
+    body = {"bmc_ip": "10.20.0.11", "os_ip": "10.10.0.11", "os_username": "karios", "bmc_username": "root"}
+    async with httpx.AsyncClient(base_url=gw.url, headers=ADMIN) as c:
+        assert (await c.post("/controlnode/register", json=body)).status_code == 200
+        first = await mine()
+        assert [n["os_username"] for n in first] == ["karios"]
+        assert await mine() == first  # unchanged tables: the same set
+        eng = create_async_engine(settings.database_url)
+        try:
+            async with eng.begin() as conn:
+                edit = "UPDATE inventory.bmc_infos SET os_username = 'edited' WHERE bmc_ip = '10.20.0.11'"
+                await conn.execute(sa.text(edit))
+            assert [n["os_username"] for n in await mine()] == ["edited"]
+            async with eng.begin() as conn:
+                await conn.execute(sa.text("DELETE FROM inventory.bmc_infos WHERE bmc_ip = '10.20.0.11'"))
+            assert await mine() == []
+        finally:
+            await eng.dispose()
+        again = await c.post("/controlnode/register", json=body | {"os_username": "again"})
+        assert again.status_code == 200
+        assert [n["os_username"] for n in await mine()] == ["again"]

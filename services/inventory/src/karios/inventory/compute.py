@@ -95,6 +95,14 @@ _PAGE = sa.text(
     "ORDER BY CASE WHEN ip ~ '^[0-9A-Fa-f:.]+$' THEN ip::inet END NULLS LAST, ip OFFSET :o LIMIT :l"
 )
 _COUNT = sa.text("SELECT count(*) FROM " + _ADDRESSES)  # noqa: S608 (constants only)
+#: What changes whenever a row of either table is inserted, updated or deleted: its row count and
+#: the sum of its rows' transaction ids (``xmin``: a new one on every insert and update).
+NODE_SET_FINGERPRINT = sa.text(
+    "SELECT (SELECT count(*) FROM inventory.compute_nodes), "
+    "(SELECT coalesce(sum(xmin::text::bigint), 0) FROM inventory.compute_nodes), "
+    "(SELECT count(*) FROM inventory.bmc_infos), "
+    "(SELECT coalesce(sum(xmin::text::bigint), 0) FROM inventory.bmc_infos)"
+)
 assert SCHEMA == "inventory"  # the schema of the statements above
 
 
@@ -116,6 +124,12 @@ async def node_page(session: AsyncSession, offset: int, limit: int) -> tuple[lis
         total = (await session.exec(_COUNT)).scalar_one()  # type: ignore[call-overload]
         return [], int(total)
     return await _pairs(session, [r.ip for r in result]), int(result[0].total) if result else 0
+
+
+async def node_set_fingerprint(session: AsyncSession) -> tuple[int, ...]:
+    """:data:`NODE_SET_FINGERPRINT` now."""
+    row = (await session.exec(NODE_SET_FINGERPRINT)).one()  # type: ignore[call-overload]
+    return tuple(int(v) for v in row)
 
 
 async def node_of(session: AsyncSession, node_ip: str) -> Pair | None:
