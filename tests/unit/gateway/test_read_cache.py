@@ -3,7 +3,8 @@
 - concurrent readers of one key share one load; a reader within the TTL gets the kept answer;
 - after the TTL the next reader loads again; errors are never kept;
 - any write through the app (POST, PUT, PATCH, DELETE) drops the kept answers before and after it
-  runs, so a caller reads its own write at once; reads (GET, HEAD) do not.
+  runs, so a caller reads its own write at once; reads (GET, HEAD) do not;
+- a relayed event drops the answers of its channels' namespaces (``fabric:…``, ``discovered:…``).
 """
 
 from __future__ import annotations
@@ -125,3 +126,37 @@ async def test_a_kept_json_answer_is_encoded_once_and_matches_the_value():
         return {"entries": [{"job_id": "j", "position": 0}], "queued": 0, "active": 1}
 
     assert json.loads((await cache.response("q", load_dict)).body) == await load_dict()
+
+
+async def test_a_relayed_event_drops_only_its_channels_namespaces():
+    """``fabric:…`` answers are dropped by a fabric event (and ``discovered:…`` by a provision
+    one), never the others; a load in flight when the event comes is answered but not kept."""
+    cache = ReadCache(ttl=60, refresh_after=None)
+    fabric, queue = Source(), Source()
+    assert await cache.get("fabric:config", fabric.read) == {"value": 0}
+    assert await cache.get("queue", queue.read) == {"value": 0}
+    fabric.value = queue.value = 1
+    cache.on_event(frozenset({"provision", "job:x"}))  # not a fabric event: both kept
+    assert await cache.get("fabric:config", fabric.read) == {"value": 0}
+    cache.on_event(frozenset({"fabric", "node:10.0.0.1"}))
+    assert await cache.get("fabric:config", fabric.read) == {"value": 1}
+    assert await cache.get("queue", queue.read) == {"value": 0}  # no namespace of its channel
+    assert (fabric.reads, queue.reads) == (2, 1)
+
+    fabric.gate.clear()  # a load in flight across an event: its readers get it, it is not kept
+    fabric.value = 2
+    cache.on_event(frozenset({"fabric"}))
+    pending = asyncio.create_task(cache.get("fabric:config", fabric.read))
+    await asyncio.sleep(0.01)
+    cache.on_event(frozenset({"fabric"}))
+    fabric.value = 3
+    fabric.gate.set()
+    assert (await pending)["value"] == 3
+    fabric.value = 4
+    assert await cache.get("fabric:config", fabric.read) == {"value": 4}
+
+    discovered = Source()
+    assert await cache.get("discovered::0:100", discovered.read) == {"value": 0}
+    discovered.value = 5
+    cache.on_event(frozenset({"provision"}))
+    assert await cache.get("discovered::0:100", discovered.read) == {"value": 5}

@@ -89,7 +89,8 @@ def create_app(settings: KariosSettings | None = None, *, fast_reads: bool | Non
     app.state.after_outbox_commit = kill_after_commit_hook()
     app.state.token_cache = tokens
     app.state.secret_box = SecretBox.from_settings(settings)
-    app.state.read_cache = reads = ReadCache()  # queue and node-list reads shared for READ_TTL_S
+    app.state.read_cache = reads = ReadCache()  # queue, node, fabric reads shared for READ_TTL_S
+    relay.on_event.append(reads.on_event)  # fabric/discovery answers dropped by their events
     app.add_middleware(InvalidateOnWrite)  # a write through this replica drops them at once
     # Innermost (inside the request span, after routing): one audit record per write.
     app.user_middleware.append(Middleware(AuditTrail, writer=audit))

@@ -148,6 +148,9 @@ class EventRelay:
     _behind_at: int | None = None  # the stream's last sequence when the relay was last seen behind
     #: The server is stopping: every stream, open or new, ends with ``event: reconnect``.
     ending: bool = False
+    #: Called with each relayed event's channels before any client is offered it (the read
+    #: cache drops what the event may have changed: a client never reads older than its stream).
+    on_event: list[Callable[[frozenset[str]], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.m_clients = Gauge("karios_sse_clients", "Connected SSE clients", registry=self.registry)
@@ -188,6 +191,8 @@ class EventRelay:
         """Hand ``ev`` to every client whose filter matches it (each filter tested once)."""
         self.last_seq = ev.seq
         self.m_events.inc()
+        for hook in self.on_event:
+            hook(ev.channels)
         cut = 0
         for wanted, group in self.groups.items():
             if wanted is not None and wanted.isdisjoint(ev.channels):

@@ -13,6 +13,12 @@ after it runs, and a read after it never joins a load that began before it, so a
 its own writes at once; writes elsewhere (another replica, a worker) show within the bound.
 Errors are never kept: the next read asks again.
 
+Reads of what the workers change on their own (the fabric's configuration, its jobs, drift and
+pool, the discovered servers: keys under a *namespace*, ``fabric:…``, ``discovered:…``) are
+also dropped when the gateway relays an event of that kind (:data:`NAMESPACES_BY_CHANNEL`,
+:meth:`ReadCache.on_event`): a client that saw a job end on its SSE stream reads the ended
+job, never the answer kept a moment before.
+
 Refresh ahead: a reader of an answer older than :data:`REFRESH_AFTER` of the TTL gets it at once
 and starts one load in the background (with the loader that loaded it), which replaces it when it
 ends. Under steady reads the answer is renewed before it expires, so no reader waits for the bus:
@@ -48,6 +54,13 @@ _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 #: The keys of the shared reads, spelled once (the routes keep under them, the fast path reads them).
 QUEUE_KEY = "queue"
+FABRIC_CONFIG_KEY, FABRIC_LATEST_KEY, FABRIC_DRIFT_KEY = "fabric:config", "fabric:latest", "fabric:drift"
+#: The namespaces whose kept answers an event on a channel drops (events.EventRelay.on_event).
+NAMESPACES_BY_CHANNEL = {"fabric": ("fabric",), "provision": ("discovered",)}
+
+
+def discovered_key(status: str, offset: int, limit: int) -> str:
+    return f"discovered:{status}:{offset}:{limit}"
 
 
 def nodes_page_key(offset: int, limit: int) -> str:
@@ -77,15 +90,22 @@ class ReadCache:
         )
         self._refresh_age = None if refresh_after is None else ttl * refresh_after
         self._max_size, self._clock = max_size, clock
-        # Keys carry the generation: after an invalidation no reader joins an older load.
+        # Keys carry the generation (and their namespace's): after an invalidation no reader
+        # joins an older load.
         self._generation = 0
+        self._namespaces: dict[str, int] = {}
         self._loading: dict[str, asyncio.Future[Any]] = {}  # by key: the value of the load in flight
         # by key: when its kept answer was loaded, and by what (a refresh reloads with it)
         self._sources: OrderedDict[str, tuple[float, Callable[[], Awaitable[Any]]]] = OrderedDict()
         self._refreshes: set[asyncio.Task[None]] = set()
 
     def _key(self, key: str) -> str:
-        return f"{self._generation}:{key}"
+        space = key.partition(":")[0]
+        return f"{self._generation}.{self._namespaces.get(space, 0)}:{key}"
+
+    def _current(self, full: str) -> bool:
+        """Whether no invalidation came since ``full`` was made."""
+        return full == self._key(full.partition(":")[2])
 
     async def get(self, key: str, loader: Callable[[], Awaitable[T]]) -> T:
         value = self.kept(key)
@@ -105,11 +125,10 @@ class ReadCache:
 
     async def _load(self, full: str, loader: Callable[[], Awaitable[Any]], done: asyncio.Future[Any]) -> Any:
         self.loads += 1
-        generation = self._generation
         value: Any = None  # what joiners get on an error: None, "ask the route"
         try:
             value = await loader()
-            if generation == self._generation and value is not None:
+            if self._current(full) and value is not None:
                 self._sources[full] = (self._clock(), loader)
                 self._sources.move_to_end(full)
                 while len(self._sources) > self._max_size:
@@ -134,14 +153,13 @@ class ReadCache:
 
     def _refresh(self, full: str, loader: Callable[[], Awaitable[Any]]) -> None:
         done = self._announce(full)  # at once: the next reader does not start another
-        generation = self._generation
 
         async def reload() -> None:
             try:
                 value = await self._load(full, loader, done)
             except Exception:  # the kept answer serves until its TTL; then a reader loads
                 return  # through the route, which answers the error
-            if generation == self._generation and value is not None:
+            if self._current(full) and value is not None:
                 self._cache.put(full, value)
 
         # A context of its own: the load belongs to no request (no span, no log fields of one).
@@ -161,9 +179,21 @@ class ReadCache:
 
         async def encoded() -> bytes:
             value = await loader()
+            if isinstance(value, bytes):  # encoded by the route (e.g. with fields excluded)
+                return value
             return value.model_dump_json().encode() if isinstance(value, BaseModel) else to_json(value)
 
         return Response(await self.get(key, encoded), media_type="application/json")
+
+    def invalidate_namespace(self, space: str) -> None:
+        """Drop the answers kept under ``space:…``; as :meth:`invalidate`, for those keys only."""
+        self._namespaces[space] = self._namespaces.get(space, 0) + 1
+
+    def on_event(self, channels: frozenset[str]) -> None:
+        """An event on ``channels`` was relayed: drop the namespaces it may have changed."""
+        for channel in channels:
+            for space in NAMESPACES_BY_CHANNEL.get(channel, ()):
+                self.invalidate_namespace(space)
 
     def invalidate(self) -> None:
         """Drop every answer; a load in flight is still answered to its waiters, not kept, and

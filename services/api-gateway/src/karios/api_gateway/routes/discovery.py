@@ -19,10 +19,11 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
+from pydantic import BaseModel, Field, TypeAdapter
 
 from karios.api_gateway.auth import Principal, Role, require
+from karios.api_gateway.readcache import discovered_key, read_cache
 from karios.common.contracts.discovery import (
     AdoptDiscovered,
     Adoption,
@@ -50,6 +51,7 @@ _ERRORS = {
 #: The provisioner marks it adopted and the inventory writes the NetBox device (with its write-back
 #: on: a dozen NetBox calls, the provisioner gives it 20 s).
 ADOPT_WAIT = 30.0
+_SERVERS = TypeAdapter(list[DiscoveredServer])
 _NOT_FOUND = {404: {"model": ErrorResponse, "description": "DISCOVERED_SERVER_NOT_FOUND"}}
 
 
@@ -123,14 +125,19 @@ async def discovered(
     offset: int = Query(0, ge=0, le=2_147_483_647, description="Items to skip"),
     limit: int = Query(100, ge=1, le=1000, description="Page size"),
     _p: Principal = Depends(require(Role.operator)),
-) -> list[DiscoveredServer]:
-    rt = request.app.state.runtime
-    found: DiscoveredList = await rt.bus.request(
-        rt.bus.subjects.query("provision", "discovered"),
-        DiscoveredQuery(status=status, offset=offset, limit=limit),
-        reply=DiscoveredList,
-    )
-    return found.servers
+) -> Response:
+    bus = request.app.state.runtime.bus
+
+    async def load() -> bytes:
+        found: DiscoveredList = await bus.request(
+            bus.subjects.query("provision", "discovered"),
+            DiscoveredQuery(status=status, offset=offset, limit=limit),
+            reply=DiscoveredList,
+        )
+        return _SERVERS.dump_json(found.servers)
+
+    # Shared for READ_TTL_S (api_gateway.readcache); every provision-channel event drops it.
+    return await read_cache(request.app).response(discovered_key(status, offset, limit), load)
 
 
 @router.get(

@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from sqlmodel import select
 
 from karios.api_gateway.auth import Principal, Role, require
+from karios.api_gateway.readcache import FABRIC_DRIFT_KEY, FABRIC_LATEST_KEY, read_cache
 from karios.api_gateway.readmodel import JobRow
 from karios.common.contracts.fabric_diff import FabricDiffQuery, FabricDiffView
 from karios.common.contracts.fabric_rollout import (
@@ -160,10 +161,12 @@ async def cancel(
     summary="Get the most recent fabric lifecycle job",
     responses={404: {"description": "No fabric job has run"}, **_ERRORS},
 )
-async def latest(request: Request, _p: Principal = Depends(require(Role.viewer))) -> FabricJobView:
-    rt = request.app.state.runtime
-    return await rt.bus.request(
-        rt.bus.subjects.query("fabric", "latest"), FabricLatestQuery(), reply=FabricJobView
+async def latest(request: Request, _p: Principal = Depends(require(Role.viewer))) -> Response:
+    bus = request.app.state.runtime.bus
+    # Shared as GET /fabric-config (api_gateway.readcache): every fabric event drops it.
+    return await read_cache(request.app).response(
+        FABRIC_LATEST_KEY,
+        lambda: bus.request(bus.subjects.query("fabric", "latest"), FabricLatestQuery(), reply=FabricJobView),
     )
 
 
@@ -173,10 +176,11 @@ async def latest(request: Request, _p: Principal = Depends(require(Role.viewer))
     summary="Drift of every fabric node from the intent (last periodic check)",
     responses=_ERRORS,
 )
-async def drift(request: Request, _p: Principal = Depends(require(Role.viewer))) -> FabricDriftView:
-    rt = request.app.state.runtime
-    return await rt.bus.request(
-        rt.bus.subjects.query("fabric", "drift"), FabricDriftQuery(), reply=FabricDriftView
+async def drift(request: Request, _p: Principal = Depends(require(Role.viewer))) -> Response:
+    bus = request.app.state.runtime.bus
+    return await read_cache(request.app).response(  # shared as /latest
+        FABRIC_DRIFT_KEY,
+        lambda: bus.request(bus.subjects.query("fabric", "drift"), FabricDriftQuery(), reply=FabricDriftView),
     )
 
 
