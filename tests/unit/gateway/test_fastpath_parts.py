@@ -3,8 +3,9 @@
 - the read cache answers a fast reader with the kept bytes, or the bytes of the load in flight,
   or None (then the route asks and answers, errors included);
 - a read after an invalidation (a write) never joins a load that began before it;
-- the node-list query and the Bearer header are read as the route reads them, anything else is
-  left to the route.
+- the Bearer header is read as the route reads it, anything else is left to the route (which
+  request targets the fast path answers is learnt from the routes themselves: the integration
+  test ``tests/integration/test_gateway_fastpath.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 
 import pytest
 
-from karios.api_gateway.fastpath import bearer_token, node_key, nodes_key
+from karios.api_gateway.fastpath import bearer_token
 from karios.api_gateway.readcache import ReadCache
 from tests.unit.gateway.test_read_cache import Source
 
@@ -67,40 +68,6 @@ async def test_a_read_after_an_invalidation_does_not_join_an_older_load():
     assert await after == {"value": 5}  # its own load: the write is visible
     assert src.reads == 2
     assert await cache.get("k", src.read) == {"value": 5} and src.reads == 2  # and it is kept
-
-
-@pytest.mark.parametrize(
-    ("query", "key"),
-    [
-        (b"", "nodes:0:100"),
-        (b"limit=5", "nodes:0:5"),
-        (b"offset=7&limit=1000", "nodes:7:1000"),
-        (b"limit=3&offset=0", "nodes:0:3"),
-        (b"offset=2147483647", "nodes:2147483647:100"),
-        (b"limit=0", None),
-        (b"limit=1001", None),
-        (b"offset=2147483648", None),
-        (b"offset=-1", None),
-        (b"limit=05", None),
-        (b"limit=5&limit=6", None),
-        (b"limit=", None),
-        (b"limit", None),
-        (b"limit=5&", None),
-        (b"limit=5&x=1", None),
-        (b"limit=%35", None),
-        (b"limit=+5", None),
-    ],
-)
-def test_the_node_list_query_is_read_as_the_route_reads_it_or_left_to_it(query, key):
-    assert nodes_key(query) == key
-
-
-def test_a_node_address_is_normalised_as_the_route_does():
-    assert node_key("10.0.0.1") == "node:10.0.0.1"
-    assert node_key("2001:DB8::0:1") == "node:2001:db8::1"
-    assert node_key("not-an-ip") is None
-    assert node_key("1" * 65) is None
-    assert node_key("") is None
 
 
 def scope(*headers: tuple[bytes, bytes]) -> dict:

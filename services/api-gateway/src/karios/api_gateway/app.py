@@ -11,7 +11,7 @@ from karios.api_gateway.audit import AuditTrail, AuditWriter
 from karios.api_gateway.auth import Role, TokenCache, create_token
 from karios.api_gateway.errordoc import document_errors
 from karios.api_gateway.events import DirectSSE, EventRelay, freeze_startup_heap
-from karios.api_gateway.fastpath import FastReads, fast_path_wanted, fast_reads_counter, route_roles
+from karios.api_gateway.fastpath import FastReads, fast_path_wanted, fast_reads_counter
 from karios.api_gateway.linkdoc import document_links
 from karios.api_gateway.models import SCHEMA
 from karios.api_gateway.outbox import CommandOutbox, kill_after_commit_hook, waiting_msg_ids
@@ -28,7 +28,7 @@ SERVICE = "api-gateway"
 
 
 def create_app(settings: KariosSettings | None = None, *, fast_reads: bool | None = None) -> FastAPI:
-    """The gateway. ``fast_reads``: answer the hot authenticated reads before FastAPI's layers
+    """The gateway. ``fast_reads``: answer the shared reads again before FastAPI's layers
     (:mod:`karios.api_gateway.fastpath`); default on unless spans are exported."""
     settings = settings or KariosSettings()
     rt = ServiceRuntime(SERVICE, settings, schema=SCHEMA, migrations=Path(__file__).parent / "migrations")
@@ -101,13 +101,12 @@ def create_app(settings: KariosSettings | None = None, *, fast_reads: bool | Non
     document_errors(app)  # every 4xx/5xx in the OpenAPI document is ErrorResponse
     document_links(app)  # responses that name a resource link to the operations taking it
     gate_included_routers(app)  # a request skips the routers whose paths cannot be its own
-    # Outermost: the hot authenticated reads answered from those caches without FastAPI's layers.
+    # Outermost: every shared read answered again from the read cache without FastAPI's layers.
     app.add_middleware(
         FastReads,
         tokens=tokens,
         reads=reads,
         metrics=app.state.http_metrics,
-        roles=route_roles(route for router in routers for route in router.routes),
         answered=fast_reads_counter(rt.registry),
         enabled=fast_path_wanted() if fast_reads is None else fast_reads,
     )

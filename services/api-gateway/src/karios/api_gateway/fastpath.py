@@ -1,89 +1,49 @@
-"""The gateway's hot authenticated reads, answered before FastAPI's routing when nothing can differ.
+"""Shared reads answered before FastAPI's layers, for every route that keeps its answer.
 
-``GET /controlnode/tokens/self``, ``/controlnode/provision/queue``, ``/controlnode/nodes`` and
-``/controlnode/nodes/{node_ip}`` are what dashboards and ``karios`` poll. Their answers are
-already shared (:mod:`karios.api_gateway.readcache`) and their tokens verified once
-(:class:`~karios.api_gateway.auth.TokenCache`); what a request still cost was FastAPI itself
-(middleware, routing, dependencies, validation, response objects: ~270 µs of CPU in-process
-against ~12 µs here, so ~2,300 req/s and a p99 of 0.3–1.2 s at 100 connections under wrk;
-benchmarks/hot_paths.py section 2 measures both).
+Every read route whose answer is shared (:mod:`karios.api_gateway.readcache`: the provision
+queue, the node list and a node, the fabric's configuration, its latest job and drift, the
+discovered servers) marks the request with the key it answered from. :class:`FastReads`, the
+outermost middleware, remembers for that exact request target (path and query string, byte for
+byte) which key answered it, the route's path template and the least role the route's
+``require(...)`` names — learnt from the route FastAPI chose, never written by hand. The next GET
+of the same target is answered here when, and only when, FastAPI would give the same bytes: an
+``Authorization: Bearer`` token the token cache already verified
+(:class:`~karios.api_gateway.auth.TokenCache`), a role at least the route's, no request body, and
+an answer the read cache still holds (or is loading now). The status, body and headers are the
+route's (``content-length``, ``content-type: application/json``, ``x-correlation-id``).
+Anything else — no token, an unknown or revoked one, a console cookie, a role too low, a target
+not answered from a shared read before, an answer no longer kept, an error — goes to FastAPI
+unchanged, so every error a person reads is the route's own, and a route that stops sharing its
+answer is never answered here again.
 
-:class:`FastReads` answers such a GET itself when, and only when, the route would give the
-same bytes: an ``Authorization: Bearer`` token the cache already verified, whose role is at
-least the one the route's ``require(...)`` names (read from the route itself), and an answer
-the read cache holds (or is loading now). The status, body and headers are the route's
-(``content-length``, ``content-type: application/json``). Anything else — no token, an
-unknown or revoked one, a console cookie, a role too low, a query it does not parse, a request
-body, an answer not kept, an error — goes to FastAPI unchanged, so every error a person reads
-is the route's own. A fast answer runs no FastAPI layer: :class:`FastReads` is the outermost
-middleware (only Starlette's ``ServerErrorMiddleware`` is outside it). It is counted in
-``karios_http_requests_total`` and ``karios_http_request_duration_seconds`` under the route's
-path like any other answer, and in ``karios_gateway_fast_reads_total``; it has no request
-span, so the fast path is off when spans are exported (``OTEL_*``, as bootapi's ``/ipxe``), and
-every request then keeps its span.
+What it saves: FastAPI's middleware, dependencies, validation and response objects (~250 µs of
+CPU per request against ~15 µs here; benchmarks/hot_paths.py section 2 measures both). A fast
+answer is counted in ``karios_http_requests_total`` and ``karios_http_request_duration_seconds``
+under the route's template like any other answer, and in ``karios_gateway_fast_reads_total``; it
+has no request span, so the fast path is off when spans are exported (``OTEL_*``, as bootapi's
+``/ipxe``), and every request then keeps its span.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, Counter
-from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from karios.api_gateway.auth import Role, TokenCache, required_role
-from karios.api_gateway.readcache import QUEUE_KEY, ReadCache, node_key_of, nodes_page_key
-from karios.api_gateway.routes.tokens import WhoAmI
-from karios.common.limits import IP_MAX
-from karios.common.netaddr import normalize_ip
+from karios.api_gateway.readcache import ANSWERED_FROM, ReadCache
 from karios.common.service import HttpMetrics, correlation_of
 from karios.common.telemetry_tracing import otlp_wanted
 
-NODES = "/controlnode/nodes"
-NODE = "/controlnode/nodes/{node_ip}"
-QUEUE = "/controlnode/provision/queue"
-WHOAMI = "/controlnode/tokens/self"
-#: The routes answered here, by path template.
-FAST_ROUTES = (WHOAMI, QUEUE, NODES, NODE)
-_NODE_PREFIX = NODES + "/"
-#: ``/controlnode/nodes`` query bounds (routes/nodes.py ``list_nodes``).
-_OFFSET_MAX, _LIMIT_MIN, _LIMIT_MAX, _LIMIT_DEFAULT = 2_147_483_647, 1, 1000, 100
 _JSON = b"application/json"
-
-
-def nodes_key(query: bytes) -> str | None:
-    """The read-cache key of ``GET /controlnode/nodes?<query>`` (routes/nodes.py spells it
-    ``nodes:{offset}:{limit}``), or None for anything but plain ``offset``/``limit`` decimals
-    within their bounds, each at most once (the route answers those, 422 included)."""
-    values = {"offset": 0, "limit": _LIMIT_DEFAULT}
-    seen: set[str] = set()
-    for pair in query.split(b"&") if query else ():
-        name, eq, raw = pair.partition(b"=")
-        key = name.decode("latin-1")
-        if not eq or key not in values or key in seen or not raw.isdigit() or len(raw) > 10:
-            return None
-        if len(raw) > 1 and raw[:1] == b"0":
-            return None
-        seen.add(key)
-        values[key] = int(raw)
-    offset, limit = values["offset"], values["limit"]
-    if offset > _OFFSET_MAX or not _LIMIT_MIN <= limit <= _LIMIT_MAX:
-        return None
-    return nodes_page_key(offset, limit)
-
-
-def node_key(segment: str) -> str | None:
-    """The read-cache key of ``GET /controlnode/nodes/{node_ip}`` (``node:{normalized ip}``)."""
-    if not segment or "/" in segment or len(segment) > IP_MAX:
-        return None
-    try:
-        return node_key_of(normalize_ip(segment))
-    except ValueError:
-        return None
+#: Request targets remembered (the oldest dropped first).
+TARGETS_MAX = 10_000
 
 
 def _correlation(scope: Scope) -> str:
@@ -108,17 +68,13 @@ def bearer_token(scope: Scope) -> str | None:
     return token
 
 
-def route_roles(routes: Iterable[BaseRoute]) -> dict[str, Role]:
-    """The least role of each fast route's GET among ``routes`` (an ``APIRouter``'s, paths with
-    its prefix), read from its ``require(...)`` dependency; a route without one (or without a
-    GET) is left out, so it is never answered here."""
-    roles: dict[str, Role] = {}
-    for route in routes:
-        if isinstance(route, APIRoute) and route.path in FAST_ROUTES and "GET" in route.methods:
-            found = [r for d in route.dependant.dependencies if (r := required_role(d.call)) is not None]
-            if found:
-                roles[route.path] = max(found)
-    return roles
+def route_role(route: object) -> Role | None:
+    """The least role of an ``APIRoute``'s ``require(...)`` dependencies (None: it has none, and
+    is never answered here)."""
+    if not isinstance(route, APIRoute):
+        return None
+    found = [r for d in route.dependant.dependencies if (r := required_role(d.call)) is not None]
+    return max(found) if found else None
 
 
 def fast_path_wanted() -> bool:
@@ -138,16 +94,19 @@ def fast_reads_counter(registry: CollectorRegistry) -> Counter:
 
 
 @dataclass(frozen=True)
-class _Counted:
-    """One route's pre-resolved metric children (``labels()`` costs a lock and a dict per call)."""
+class Target:
+    """What answered one request target through FastAPI: the shared read's key, the route's
+    template and least role, and the route's pre-resolved metric children."""
 
+    key: str
+    role: Role
     ok: Callable[[], None]
     seconds: Callable[[float], None]
     fast: Callable[[], None]
 
 
 class FastReads:
-    """ASGI middleware, outermost: answers the hot reads it can (see the module docstring)."""
+    """ASGI middleware, outermost: answers the shared reads it can (see the module docstring)."""
 
     def __init__(
         self,
@@ -156,61 +115,62 @@ class FastReads:
         tokens: TokenCache,
         reads: ReadCache,
         metrics: HttpMetrics,
-        roles: dict[str, Role],
         answered: Counter,
         enabled: bool = True,
     ) -> None:
-        self.app, self.tokens, self.reads, self.roles, self.enabled = app, tokens, reads, roles, enabled
-        self.counted = {
-            path: _Counted(
-                metrics.requests.labels(path, "GET", "200").inc,
-                metrics.duration.labels(path, "GET").observe,
-                answered.labels(path).inc,
-            )
-            for path in roles
-        }
+        self.app, self.tokens, self.reads, self.enabled = app, tokens, reads, enabled
+        self.metrics, self.answered = metrics, answered
+        self.targets: OrderedDict[tuple[str, bytes], Target] = OrderedDict()
+        self._roles: dict[int, Role | None] = {}  # by id(route): routes live as long as the app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.enabled and scope["type"] == "http" and scope["method"] == "GET":
+        if not (self.enabled and scope["type"] == "http" and scope["method"] == "GET"):
+            await self.app(scope, receive, send)
+            return
+        where = (scope["path"], scope.get("query_string", b""))
+        target = self.targets.get(where)
+        if target is not None:
             start = time.perf_counter()
-            route = await self._answer(scope, send)
-            if route is not None:
-                counted = self.counted[route]
-                counted.ok()
-                counted.fast()
-                counted.seconds(time.perf_counter() - start)
+            if await self._answer(target, scope, send):
+                target.ok()
+                target.fast()
+                target.seconds(time.perf_counter() - start)
                 return
         await self.app(scope, receive, send)
+        key = scope.get(ANSWERED_FROM)
+        if key is not None and target is None:
+            self._learn(where, key, scope.get("route"))
 
-    async def _answer(self, scope: Scope, send: Send) -> str | None:
-        """Send the answer and return its route, or send nothing and return None."""
-        path: str = scope["path"]
-        query: bytes = scope.get("query_string", b"")
-        if path == WHOAMI and not query:
-            route, key = WHOAMI, None
-        elif path == QUEUE and not query:
-            route, key = QUEUE, QUEUE_KEY
-        elif path == NODES:
-            route, key = NODES, nodes_key(query)
-        elif path.startswith(_NODE_PREFIX) and not query:
-            route, key = NODE, node_key(path[len(_NODE_PREFIX) :])
-        else:
-            return None
-        role = self.roles.get(route)
-        if role is None or (route != WHOAMI and key is None):
-            return None
+    def _learn(self, where: tuple[str, bytes], key: str, route: object) -> None:
+        """Remember that FastAPI answered ``where`` from the shared read ``key`` via ``route``."""
+        rid = id(route)
+        if rid not in self._roles:
+            self._roles[rid] = route_role(route)
+        role = self._roles[rid]
+        template = getattr(route, "path_format", None)
+        if role is None or not isinstance(template, str):
+            return
+        self.targets[where] = Target(
+            key,
+            role,
+            self.metrics.requests.labels(template, "GET", "200").inc,
+            self.metrics.duration.labels(template, "GET").observe,
+            self.answered.labels(template).inc,
+        )
+        while len(self.targets) > TARGETS_MAX:
+            self.targets.popitem(last=False)
+
+    async def _answer(self, target: Target, scope: Scope, send: Send) -> bool:
+        """Send the answer and return True, or send nothing and return False."""
         token = bearer_token(scope)
         principal = self.tokens.cached(token) if token else None
-        if principal is None or principal.role < role:
-            return None
-        if key is None:  # tokens/self: the route's own model, encoded as FastAPI encodes it
-            body = WhoAmI(name=principal.name, role=principal.role.name).model_dump_json().encode()
-        else:
-            body = self.reads.kept(key)
-            if body is None:
-                body = await self.reads.joined(key)
-            if not isinstance(body, bytes):
-                return None
+        if principal is None or principal.role < target.role:
+            return False
+        body = self.reads.kept(target.key)
+        if body is None:
+            body = await self.reads.joined(target.key)
+        if not isinstance(body, bytes):
+            return False
         await send(
             {
                 "type": "http.response.start",
@@ -223,4 +183,4 @@ class FastReads:
             }
         )
         await send({"type": "http.response.body", "body": body})
-        return route
+        return True

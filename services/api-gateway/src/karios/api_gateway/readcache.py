@@ -27,7 +27,8 @@ queue read was that load's latency under load, ~50 ms). The bound above is uncha
 is never served past its TTL); with no readers nothing is loaded.
 
 :meth:`ReadCache.kept` and :meth:`ReadCache.joined` let the gateway's fast path
-(``api_gateway.fastpath``) answer from the same bytes without running the route.
+(``api_gateway.fastpath``) answer from the same bytes without running the route; a route passes
+its ``request`` to :meth:`ReadCache.response` so that the fast path learns which key answers it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel
 from pydantic_core import to_json
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -52,6 +53,8 @@ READ_TTL_S = 0.25
 REFRESH_AFTER = 0.5
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
+#: The scope key a route's shared answer names its read-cache key under (api_gateway.fastpath).
+ANSWERED_FROM = "karios.read_key"
 #: The keys of the shared reads, spelled once (the routes keep under them, the fast path reads them).
 QUEUE_KEY = "queue"
 FABRIC_CONFIG_KEY, FABRIC_LATEST_KEY, FABRIC_DRIFT_KEY = "fabric:config", "fabric:latest", "fabric:drift"
@@ -173,9 +176,13 @@ class ReadCache:
         done = self._loading.get(self._key(key))
         return None if done is None else await asyncio.shield(done)
 
-    async def response(self, key: str, loader: Callable[[], Awaitable[Any]]) -> Response:
+    async def response(
+        self, key: str, loader: Callable[[], Awaitable[Any]], request: Request | None = None
+    ) -> Response:
         """A JSON answer of ``loader``'s value, encoded once per load: a kept answer costs a
-        reader no validation and no encoding (the route's ``response_model`` documents it)."""
+        reader no validation and no encoding (the route's ``response_model`` documents it).
+        With ``request``, its scope says which key answered it (:data:`ANSWERED_FROM`: the
+        gateway's fast path answers the same request target from that key next time)."""
 
         async def encoded() -> bytes:
             value = await loader()
@@ -183,7 +190,10 @@ class ReadCache:
                 return value
             return value.model_dump_json().encode() if isinstance(value, BaseModel) else to_json(value)
 
-        return Response(await self.get(key, encoded), media_type="application/json")
+        body = await self.get(key, encoded)
+        if request is not None:
+            request.scope[ANSWERED_FROM] = key
+        return Response(body, media_type="application/json")
 
     def invalidate_namespace(self, space: str) -> None:
         """Drop the answers kept under ``space:…``; as :meth:`invalidate`, for those keys only."""

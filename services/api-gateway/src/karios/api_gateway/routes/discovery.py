@@ -137,7 +137,7 @@ async def discovered(
         return _SERVERS.dump_json(found.servers)
 
     # Shared for READ_TTL_S (api_gateway.readcache); every provision-channel event drops it.
-    return await read_cache(request.app).response(discovered_key(status, offset, limit), load)
+    return await read_cache(request.app).response(discovered_key(status, offset, limit), load, request)
 
 
 @router.get(

@@ -63,7 +63,7 @@ async def get_fabric_config(request: Request, _p: Principal = Depends(require(Ro
     # One fabric-worker round trip (1,000 nodes: ~200 KB) serves every reader for up to
     # READ_TTL_S, encoded once; dropped by any write through this gateway and by every fabric
     # event it relays (api_gateway.readcache).
-    return await read_cache(request.app).response(FABRIC_CONFIG_KEY, load)
+    return await read_cache(request.app).response(FABRIC_CONFIG_KEY, load, request)
 
 
 @router.post(

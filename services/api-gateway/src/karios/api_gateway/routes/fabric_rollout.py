@@ -167,6 +167,7 @@ async def latest(request: Request, _p: Principal = Depends(require(Role.viewer))
     return await read_cache(request.app).response(
         FABRIC_LATEST_KEY,
         lambda: bus.request(bus.subjects.query("fabric", "latest"), FabricLatestQuery(), reply=FabricJobView),
+        request,
     )
 
 
@@ -181,6 +182,7 @@ async def drift(request: Request, _p: Principal = Depends(require(Role.viewer)))
     return await read_cache(request.app).response(  # shared as /latest
         FABRIC_DRIFT_KEY,
         lambda: bus.request(bus.subjects.query("fabric", "drift"), FabricDriftQuery(), reply=FabricDriftView),
+        request,
     )
 
 

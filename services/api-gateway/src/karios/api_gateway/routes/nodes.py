@@ -173,6 +173,7 @@ async def list_nodes(
             ComputeNodesQuery(offset=offset, limit=limit),
             reply=ComputeNodePage,
         ),
+        request,
     )
 
 
@@ -192,6 +193,7 @@ async def get_node(
         lambda: bus.request(
             bus.subjects.query("inventory", "compute_node"), ComputeNodeQuery(node_ip=ip), reply=ComputeNode
         ),
+        request,
     )
 
 

@@ -333,7 +333,9 @@ async def progress_all(
 async def queue(request: Request, _p: Principal = Depends(require(Role.viewer))) -> Response:
     # One provisioner round trip serves every reader for up to READ_TTL_S, encoded once
     # (api_gateway.readcache; a write through this gateway drops it at once).
-    return await read_cache(request.app).response(QUEUE_KEY, lambda: _queue(request.app.state.runtime.bus))
+    return await read_cache(request.app).response(
+        QUEUE_KEY, lambda: _queue(request.app.state.runtime.bus), request
+    )
 
 
 async def _queue(bus: Bus) -> dict:
