@@ -5,6 +5,7 @@ ones)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import timedelta
 
@@ -13,6 +14,7 @@ import pytest
 from karios.common.contracts.provision import CancelJob
 from karios.provisioner.app import create_app as provisioner_app
 from karios.provisioner.config import ProvisionerConfig
+from karios.provisioner.jobs.admitter import limits_of
 from karios.provisioner.jobs.repository import now
 from karios.provisioner.statemachine import State
 from tests.fixtures.wait import wait_until
@@ -83,3 +85,35 @@ async def test_every_job_end_is_one_line_at_its_level(settings, serve, tmp_path,
         )
         == 1
     )
+
+
+async def test_an_admission_whose_commit_answer_was_lost_still_releases_its_waiter(settings, serve, tmp_path):
+    """Chaos table, PostgreSQL SIGSTOP (CI 2026-12-05): the admission's COMMIT reached the
+    database, its answer did not (the client timed out while the database was paused). The row
+    says admitted, the waiting worker was never told: it waited for ever (its lease renewed by
+    the heartbeat), the job stayed ``queued``. The next admission run now returns it."""
+    dirs = {
+        "cache_dir": tmp_path / "cache",
+        "media_dir": tmp_path / "media",
+        "images_dir": tmp_path / "images",
+    }
+    app = provisioner_app(settings, ProvisionerConfig(**dirs))
+    await serve(app)
+    svc = app.state.jobs
+    row = {
+        "id": "adm-lost-answer",
+        "bmc_ip": "10.96.9.1",
+        "state": "queued",
+        "owner": svc.replica,
+        "spec": {},
+    }
+    await svc.repo.insert({**row, "created_at": now(), "updated_at": now(), "admitted_at": now()})
+    try:
+        assert await svc.repo.admit(limits_of(svc), ["adm-lost-answer"]) == ["adm-lost-answer"]
+        other = {**row, "id": "adm-other-replica", "owner": "another-replica"}
+        await svc.repo.insert({**other, "created_at": now(), "updated_at": now(), "admitted_at": now()})
+        assert await svc.repo.admit(limits_of(svc), ["adm-other-replica"]) == []  # not ours
+    finally:  # ended: the session database is shared, and admitted jobs hold admission slots
+        for job_id in ("adm-lost-answer", "adm-other-replica"):
+            with contextlib.suppress(Exception):
+                await svc.move(job_id, State.failed, "test over")

@@ -221,7 +221,8 @@ class JobRepository:
     # -- admission (see admission.py) -----------------------------------------------------
     async def admit(self, limits: Limits, waiting: list[str]) -> list[str]:
         """Admit those of ``waiting`` (queued, ours) that :func:`admission.plan` lets start;
-        return their ids.
+        return their ids, and those of ``waiting`` admitted already (an earlier admission whose
+        commit succeeded but whose answer was lost).
 
         One transaction-scoped advisory lock serialises admission over all replicas, and the
         counts are read under it: replicas never admit past a limit together. An older job of
@@ -229,12 +230,26 @@ class JobRepository:
         """
         async with self.db.session() as s, s.begin():
             await s.exec(sa.select(sa.func.pg_advisory_xact_lock(_ADMISSION_LOCK)))
+            # Already admitted, by an earlier run whose COMMIT's answer never came back (the
+            # database paused or the connection dropped after the commit): its waiter is still
+            # waiting. Without this it would wait for ever, its lease renewed by the heartbeat.
+            earlier = [
+                r[0]
+                for r in await s.exec(
+                    sa.select(T.c.id).where(
+                        T.c.id.in_(waiting),
+                        T.c.owner == self.replica,
+                        T.c.state == State.queued.value,
+                        T.c.admitted_at.is_not(None),
+                    )
+                )
+            ]
             active, queued = await _admission_rows(s)
             decided = plan(limits, active, queued)
             mine = set(waiting)
             go = [j for j, why in decided.items() if not why and j in mine]
             if not go:
-                return []
+                return earlier
             ids = await (await s.connection()).execute(
                 sa.update(T)
                 .where(
@@ -246,7 +261,7 @@ class JobRepository:
                 .values(admitted_at=sa.func.now(), lease_until=self.lease_expr())
                 .returning(T.c.id)
             )
-            return [r[0] for r in ids]
+            return earlier + [r[0] for r in ids]
 
     async def admission(self, limits: Limits) -> tuple[dict[str, int], dict[str, str]]:
         """(admitted jobs per vendor, queued job id → why it waits) as :func:`plan` sees it now."""
