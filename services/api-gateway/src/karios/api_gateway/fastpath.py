@@ -121,7 +121,6 @@ class FastReads:
         self.app, self.tokens, self.reads, self.enabled = app, tokens, reads, enabled
         self.metrics, self.answered = metrics, answered
         self.targets: OrderedDict[tuple[str, bytes], Target] = OrderedDict()
-        self._roles: dict[int, Role | None] = {}  # by id(route): routes live as long as the app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not (self.enabled and scope["type"] == "http" and scope["method"] == "GET"):
@@ -143,10 +142,7 @@ class FastReads:
 
     def _learn(self, where: tuple[str, bytes], key: str, route: object) -> None:
         """Remember that FastAPI answered ``where`` from the shared read ``key`` via ``route``."""
-        rid = id(route)
-        if rid not in self._roles:
-            self._roles[rid] = route_role(route)
-        role = self._roles[rid]
+        role = route_role(route)  # once per target: a few attribute reads
         template = getattr(route, "path_format", None)
         if role is None or not isinstance(template, str):
             return
