@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from karios.cli.demo.host import read_pid
 from karios.cli.demo.route_reflector import RouteReflector
 from karios.fabric_worker.rollout import ApplyJob, NodeTarget, RolloutOptions, allocate_vteps
 from karios.fabric_worker.rollout.render import HMAC_SHA_PROBE_CONF
@@ -74,12 +76,12 @@ def lab():
             Path(out, "fabric-matrix.txt").write_text("\n".join(lines) + "\n")
 
 
-def _record_retry(text: str) -> None:
-    """A retried cell's state, for the end of the CI log (pytest hides a passing test's output)."""
+def _record_failure(text: str) -> None:
+    """A failed cell's state, for the end of the CI log."""
     out = os.environ.get("KARIOS_MEASURE_DIR")
     if out:
         os.makedirs(out, exist_ok=True)
-        with Path(out, "fabric-matrix-retries.txt").open("a") as f:
+        with Path(out, "fabric-matrix-failures.txt").open("a") as f:
             f.write(text.rstrip() + "\n\n")
 
 
@@ -312,33 +314,18 @@ async def test_cell_comes_up_and_carries_traffic(lab, cell: Cell) -> None:
         vteps = allocate_vteps(intent, [t.node_ip for t in targets])
         t0 = time.monotonic()
         snapshot = FailureSnapshot(lab, run)
-        summary = await ApplyJob(intent, targets, vteps, options=OPTS, sink=snapshot).run()
-        retried = ""
-        first_error = summary.first_fail_error or ""
-        if summary.job_status != "completed" and ("DF ping" in first_error or "no IMET" in first_error):
-            # Seen in four CI runs under load (2026-12-05, only OSPF cells, every hub kind): one
-            # node never got the other's IMET route through the hub within the window — as "no
-            # IMET (type-3) route from VTEP …", or as a DF ping without an echo (the far node
-            # cannot flood its reply back). Never reproduced here quiet or with CPU hogs; cause
-            # not found yet. Once a re-apply of the same running cell failed the same way (stop
-            # 30), so the state is not only slow: the cell is started again from nothing (hubs and
-            # nodes) and applied once more, and must then pass. Kept visible, not hidden: the
-            # state of nodes and hubs at the first node_failed (before its rollback) is printed
-            # and the cell is marked RETRIED in the table.
-            retried = f"RETRIED(first apply: {summary.first_fail_error})"
-            print(f"{cell.id}: {retried}\n{snapshot.text}")
-            _record_retry(f"{cell.id}: {retried}\n{snapshot.text}")
-            run.stop()
-            _reset(lab)
-            run = Cellrun(lab, next(_SEQ))
-            run.start(cell, cfg)
-            snapshot = FailureSnapshot(lab, run)
-            summary = await ApplyJob(intent, targets, vteps, options=OPTS, sink=snapshot).run()
-            if summary.job_status != "completed":
-                print(f"{cell.id}: the cell started again failed too\n{snapshot.text}")
+        job = ApplyJob(intent, targets, vteps, options=OPTS, sink=snapshot)
+        summary = await job.run()
+        if summary.job_status != "completed":
+            # The state of nodes and hubs at the first node_failed (before its rollback), for the
+            # end of the CI log: pytest shows the assertion, the file keeps the whole picture.
+            _record_failure(f"{cell.id}: {summary.first_fail_error}\n{snapshot.text}")
         established = time.monotonic() - t0
-        assert summary.job_status == "completed", (summary.first_fail_error, summary.nodes)
+        assert summary.job_status == "completed", (summary.first_fail_error, snapshot.text)
         checks = ["established"]
+        reset = [m for r in job.results for m in r.repaired if "session reset" in m]
+        if reset:  # a hub that lost a node (FRR 8.4, see the test below): repaired, and said
+            checks.append("hub-reset")
         hub_peers = json.loads(run.hub().vtysh("show bgp l2vpn evpn summary json") or "{}").get("peers", {})
         want_src = {vteps[t.node_ip] if cell.ospf else t.node_ip for t in targets}
         assert {ip for ip, p in hub_peers.items() if p.get("state") == "Established"} == want_src, hub_peers
@@ -406,8 +393,6 @@ async def test_cell_comes_up_and_carries_traffic(lab, cell: Cell) -> None:
                 what=f"{n.name}: a type-2 route for the remote host {mac}",
             ), _macip_routes(lab, n)
         checks.append("type2")
-        if retried:
-            checks.append(retried[:160])
         TIMES.append((cell.id, "passed", established, ping, " ".join(checks)))
     except BaseException:
         TIMES.append((cell.id, "FAILED", 0.0, 0.0, ""))
@@ -415,4 +400,72 @@ async def test_cell_comes_up_and_carries_traffic(lab, cell: Cell) -> None:
     finally:
         for ns in hosts:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        run.stop()
+
+
+def _hub_lost_node(lab, run: Cellrun, node, hub_ip: str, vtep: str) -> bool:
+    """Make the hub lose `node`'s dynamic peer the way a busy FRR 8.4 hub does: the node resets
+    its session while the hub's bgpd is stopped, so the new connection arrives before the old
+    session is cleared (FRR issue 9929 / PR 20120). True when the fault took: the node's session
+    is Established with nothing received, and the hub no longer lists the node."""
+    pid = read_pid(os.path.join(run.hub().run_frr_dir, "bgpd.pid"))
+    assert pid, "the hub's bgpd is not running"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        lab.node_exec(node, ["vtysh", "-c", f"clear bgp {hub_ip}"], check=True)
+        time.sleep(2.5)  # the node reconnects (connect timer 1 s) into the stopped hub's backlog
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+    def settled() -> bool:
+        peer = _vtysh_json(lab, node, "show bgp l2vpn evpn summary json").get("peers", {}).get(hub_ip, {})
+        return peer.get("state") == "Established" and int(peer.get("peerUptimeMsec", 0)) > 6000
+
+    wait_until_sync(settled, timeout=30, interval=0.5, what=f"{node.name}: its session back up 6 s")
+    peer = _vtysh_json(lab, node, "show bgp l2vpn evpn summary json")["peers"][hub_ip]
+    listed = json.loads(run.hub().vtysh("show bgp l2vpn evpn summary json") or "{}").get("peers", {})
+    return peer.get("pfxRcd", 0) == 0 and vtep not in listed and node.underlay_ip not in listed
+
+
+async def test_an_apply_resets_the_session_of_a_hub_that_lost_the_node(lab) -> None:
+    """The fault behind the matrix's old retries (seen in CI on OSPF cells): after a node's
+    session came back while the hub (FRR 8.4, ``bgp listen range``) was busy, the hub keeps the
+    session up but drops the node from its peers and never sends it anything — the node has
+    no IMET route from any other VTEP. An apply (nothing to change on the nodes) finds the
+    session silent and resets it from the node: the hub takes the next connection as a new
+    peer, the IMET routes arrive, the apply completes and says what it did."""
+    cell = next(c for c in cells() if c.id == "bgp-switch-rr-nobfd")
+    cfg = cell_config(cell, Addressing())
+    intent = node_intent(cfg, cell, vnis=(VNI,))
+    _reset(lab)
+    run = Cellrun(lab, next(_SEQ))
+    try:
+        run.start(cell, cfg)
+        key = Path(lab.client_key_path).read_text()
+        targets = [
+            NodeTarget(node_ip=n.underlay_ip, fqdn=n.name, private_key=key, known_host_key=n.host_public_key)
+            for n in lab.nodes[:2]
+        ]
+        vteps = allocate_vteps(intent, [t.node_ip for t in targets])
+        first = await ApplyJob(intent, targets, vteps, options=OPTS).run()
+        assert first.job_status == "completed", first.first_fail_error
+        node1, hub_ip = lab.nodes[0], cfg.fabric_switch_peering_ip
+        for _ in range(3):  # the fault is a race; the stopped hub makes it near certain
+            if _hub_lost_node(lab, run, node1, hub_ip, vteps[node1.underlay_ip]):
+                break
+        else:
+            pytest.fail("could not make the hub lose node1's dynamic peer in 3 tries")
+        assert _remote_vteps(lab, node1, VNI) == set(), "the fault leaves node1 without IMET routes"
+        job = ApplyJob(intent, targets, vteps, options=OPTS)
+        summary = await job.run()
+        assert summary.job_status == "completed", (summary.first_fail_error, summary.nodes)
+        by_ip = {r.node_ip: r for r in job.results}
+        said = " ".join(by_ip[node1.underlay_ip].repaired)
+        assert f"the session to {hub_ip} was Established" in said and "session reset" in said, said
+        assert "hub_session_reset" in by_ip[node1.underlay_ip].steps
+        assert not by_ip[lab.nodes[1].underlay_ip].repaired  # the healthy node is left alone
+        assert _remote_vteps(lab, node1, VNI) == {vteps[lab.nodes[1].underlay_ip]}
+        listed = json.loads(run.hub().vtysh("show bgp l2vpn evpn summary json") or "{}").get("peers", {})
+        assert node1.underlay_ip in listed, listed
+    finally:
         run.stop()

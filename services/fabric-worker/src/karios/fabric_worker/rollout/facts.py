@@ -45,7 +45,7 @@ EVPN_SUMMARY_COMMAND = "vtysh -c 'show bgp l2vpn evpn summary json'"
 # The post-deploy overlay checks' FRR side (:mod:`.overlay`: VNIs, their import RTs, IMET routes).
 OVERLAY_VTYSH = (
     "vtysh -c 'show evpn vni json' -c 'show bgp l2vpn evpn vni json' "
-    "-c 'show bgp l2vpn evpn route type multicast json'"
+    "-c 'show bgp l2vpn evpn route type multicast json' -c 'show bgp l2vpn evpn summary json'"
 )
 RUNNING_CONFIG_COMMAND = "vtysh -c 'show running-config'"
 _BGPD_ALIVE = 'p=$(cat /run/frr/bgpd.pid 2>/dev/null) && [ -n "$p" ] && kill -0 "$p" 2>/dev/null'

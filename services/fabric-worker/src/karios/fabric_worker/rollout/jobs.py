@@ -169,6 +169,7 @@ class ApplyJob:
                 self._abort.set()
 
         await asyncio.gather(*(one(r) for r in runs))
+        await self._recheck(runs, sem)
         forced = self._cancelled or self._strict_failed
         if forced:
             to_roll = [r for r in runs if r.result.touched]
@@ -180,6 +181,22 @@ class ApplyJob:
         return await self._end(
             finalize(self.summary, cancelled=self._cancelled, aborted_by_strict=self._strict_failed)
         )
+
+    async def _recheck(self, runs: list[NodeRollout], sem: asyncio.Semaphore) -> None:
+        """Every node's IMET routes from every VTEP the job rolled out: the nodes whose own check
+        passed before all the others were counted are looked at once more."""
+
+        async def one(run: NodeRollout) -> None:
+            async with sem:
+                if self._abort.is_set():
+                    return
+                await run.recheck(self._abort)
+            self.summary = record_node(self.summary, _job_node(run.result))
+            if not run.result.ok and self.strict and not self._abort.is_set():
+                self._strict_failed = True
+                self._abort.set()
+
+        await asyncio.gather(*(one(r) for r in runs if r.needs_recheck()))
 
     async def recover(
         self, baselines: dict[str, NodeFacts], *, previous: str, cancelled: bool, missing: str = ""

@@ -40,6 +40,8 @@ from karios.fabric_worker.rollout.overlay import (
     ProbePlan,
     RolledOut,
     RolledOutVtep,
+    hub_reset_command,
+    imet_missing,
     overlay_loop_script,
     overlay_passed,
     overlay_verdict,
@@ -49,6 +51,7 @@ from karios.fabric_worker.rollout.overlay import (
     probe_rtt_ms,
     probe_script,
     settle_deadline,
+    silent_hub,
 )
 from karios.fabric_worker.rollout.ownership import foreign_devices, with_record
 from karios.fabric_worker.rollout.plan import (
@@ -168,6 +171,7 @@ class NodeRollout:
         self.result = NodeResult(node_ip=target.node_ip, fqdn=target.fqdn, vtep_ip=vtep_ip)
         self._overlay: OverlayView | None = None  # the apply discovery's look at the overlay
         self._overlay_mtu = 0
+        self._checked_against: set[str] = set()  # the other VTEPs its passed overlay check expected
         self._fence = token_hex(8)  # tags this run's steps; the rollback fences them
         self._secrets = intent.secrets() + [
             s.get_secret_value() for s in (target.password, target.private_key) if s is not None
@@ -262,6 +266,7 @@ class NodeRollout:
         except KariosError as exc:
             r.ok = False
             r.error = redact(exc.message, self._secrets)
+            self.rolled_out.discard(self.target.node_ip)  # no other node waits for its routes
             await self._emit("node_failed", r.error)
         finally:
             r.duration_s = round(time.monotonic() - t0, 3)
@@ -351,6 +356,7 @@ class NodeRollout:
         with metrics.timed("verify", FabricVerifyFailed), step_span(TRACER, "fabric.node.verify"):
             await self._verify(s, abort)
         r.steps.append("verified")
+        self._advertised()
         with step_span(TRACER, "fabric.node.overlay_checks"):
             link_local = await self._check_overlay(s, abort)
             r.steps.append("overlay_checked")
@@ -386,8 +392,36 @@ class NodeRollout:
 
     # -- post-deploy overlay checks (the rules: :mod:`.overlay`) ------------------------------
 
+    def needs_recheck(self) -> bool:
+        """Whether its passed overlay check expected fewer VTEPs than the job rolled out in the
+        end (a node checked before others were counted never looked for their IMET routes)."""
+        if not self.result.ok or not self.intent.vnis or not self.intent.advertise_all_vni:
+            return False
+        return bool(self._expected_vteps() - self._checked_against)
+
+    async def recheck(self, abort: asyncio.Event | None = None) -> NodeResult:
+        """The overlay checks again once every node of the job is done, against every VTEP
+        rolled out (a hub that stopped sending to this node is reset as in the first check).
+        Said only when it changes something: a reset (``node_ready`` again, with it) or a failure
+        (``node_failed``: the node is then rolled back like any failed node)."""
+        r, before = self.result, len(self.result.repaired)
+        try:
+            async with self._session() as s:
+                await self._check_overlay(s, abort)
+            r.steps.append("rechecked")
+            if len(r.repaired) > before:
+                said = ["rechecked after every node", *r.repaired[before:]]
+                await self._emit("node_ready", "; ".join(said))
+        except KariosError as exc:
+            r.ok = False
+            r.error = redact(f"after every node was rolled out: {exc.message}", self._secrets)
+            self.rolled_out.discard(self.target.node_ip)
+            await self._emit("node_failed", r.error)
+        return r
+
     def _expected_vteps(self) -> set[str]:
-        """The other VTEPs already rolled out: this node must have an IMET route from each."""
+        """The other VTEPs already rolled out or verified (their routes are on the hub): this node
+        must have an IMET route from each."""
         return {v.vtep_ip for v in self.rolled_out.others(self.target.node_ip, self.vtep_ip)}
 
     def _bridge(self) -> str:
@@ -399,6 +433,13 @@ class NodeRollout:
         )
         self.rolled_out.add(vtep)
 
+    def _advertised(self) -> None:
+        """Verified: its routes went to the hub, which reflects them to every other node — a node
+        checked from now on expects its IMET routes (not a probe target until its own checks pass)."""
+        if self.intent.vnis and self.intent.advertise_all_vni:
+            vtep = RolledOutVtep(self.target.node_ip, self._who(), self.vtep_ip, since=time.monotonic())
+            self.rolled_out.add(vtep)
+
     def _overlay_checked_by(self, view: OverlayView | None) -> bool:
         """Whether the discovery's own look at the overlay passes the checks (a no-op re-apply
         is then still one exec); the node is then counted as rolled out."""
@@ -408,6 +449,7 @@ class NodeRollout:
         if view is None or overlay_verdict(view, self.intent.vnis, expected, evpn=evpn) is not None:
             return False
         self.result.checks.append(overlay_passed(view, self.intent.vnis, expected, evpn=evpn))
+        self._checked_against = expected
         self._rolled_out(view.link_locals.get(self._bridge(), ""))
         return True
 
@@ -422,6 +464,7 @@ class NodeRollout:
         opts, evpn = self.options, self.intent.advertise_all_vni
         t0 = time.monotonic()
         verdict, window = "not checked", opts.settle_timeout
+        reset_at = 0.0  # when a silent hub's session was reset (0: not)
         # The loop ends by itself after twice the settle time (a VTEP counted late extends it).
         polls = math.ceil(2 * opts.settle_timeout / opts.verify_interval) + 2
         script = overlay_loop_script(opts.verify_interval, polls)
@@ -436,12 +479,28 @@ class NodeRollout:
                 if not verdict:
                     passed = overlay_passed(view, vnis, expected, evpn=evpn)
                     self.result.checks.append(f"{passed} after {now - t0:.1f} s")
+                    self._checked_against = expected
                     return view.link_locals.get(self._bridge(), "")
+                if not reset_at and evpn and await self._reset_silent_hub(s, view, expected):
+                    reset_at = time.monotonic()  # once per check; the session then gets the window again
                 deadline = settle_deadline(t0, peers, opts.settle_timeout)
+                deadline = max(deadline, reset_at + opts.settle_timeout)
                 window = deadline - t0  # the settle time, longer when a VTEP was counted late
                 if now >= deadline:
                     break
         raise FabricVerifyFailed(f"{self._who()}: {verdict} after {window:.0f} s")
+
+    async def _reset_silent_hub(self, s: NodeSession, view: OverlayView, expected: set[str]) -> bool:
+        """Reset the session to a hub that sends this node nothing (:func:`.overlay.silent_hub`);
+        said in node_ready. Whether it was reset."""
+        peer = self.intent.peer_ip
+        why = silent_hub(view, peer, imet_missing(view, self.intent.vnis, expected))
+        if not why:
+            return False
+        await s.run(hub_reset_command(peer), check=False, limit_s=self.options.command_timeout)
+        self.result.repaired.append(why)
+        self.result.steps.append("hub_session_reset")
+        return True
 
     async def _probe(self, s: NodeSession, link_local: str, abort: asyncio.Event | None) -> None:
         """(c) a DF ping at the overlay MTU to another rolled-out node's bridge, across VXLAN;

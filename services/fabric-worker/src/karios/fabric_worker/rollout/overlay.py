@@ -10,6 +10,8 @@ What is read (FRR 8.4, one ``vtysh`` run with three commands, one line per poll)
   route targets, which say which VNI an IMET route belongs to;
 - ``show bgp l2vpn evpn route type multicast json``: the type-3 routes, each with its originator
   VTEP (``ip``) and route targets (``extendedCommunity``);
+- ``show bgp l2vpn evpn summary json``: each EVPN session's state, age and prefix counts (a hub
+  that sends nothing on an Established session: :func:`silent_hub`);
 - ``ip -j -d addr show``: the VXLAN devices (exist, up, the VNI) and the bridge's IPv6 link-local
   address (the probe's address on the overlay).
 
@@ -55,6 +57,16 @@ class Imet:
 
 
 @dataclasses.dataclass(frozen=True)
+class Session:
+    """One EVPN session as the node sees it."""
+
+    state: str
+    up_s: float  # how long it has been Established (0 when not)
+    pfx_rcd: int
+    pfx_snt: int
+
+
+@dataclasses.dataclass(frozen=True)
 class OverlayView:
     """One look at a node's overlay (None fields: that command printed nothing usable)."""
 
@@ -63,6 +75,7 @@ class OverlayView:
     imets: tuple[Imet, ...] | None
     links: dict[str, Interface]
     link_locals: dict[str, str]  # device -> its IPv6 link-local address
+    sessions: dict[str, Session] = dataclasses.field(default_factory=dict)  # EVPN peer -> its session
 
 
 def _json_docs(text: str) -> list[object]:
@@ -128,6 +141,22 @@ def parse_imets(doc: object) -> tuple[Imet, ...] | None:
     return tuple(out)
 
 
+def parse_sessions(doc: object) -> dict[str, Session]:
+    """``show bgp l2vpn evpn summary json``: {peer address: its session}."""
+    peers = doc.get("peers") if isinstance(doc, dict) else None
+    out = {}
+    for ip, p in (peers or {}).items() if isinstance(peers, dict) else ():
+        if not isinstance(p, dict):
+            continue
+        state = str(p.get("state", ""))
+        try:
+            up_s = int(p.get("peerUptimeMsec") or 0) / 1000 if state == "Established" else 0.0
+            out[str(ip)] = Session(state, up_s, int(p.get("pfxRcd") or 0), int(p.get("pfxSnt") or 0))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
 def _link_locals(ip_json: str) -> dict[str, str]:
     try:
         raw = json.loads(ip_json or "[]")
@@ -145,7 +174,7 @@ def parse_overlay(line: str) -> OverlayView:
     """One poll line of :func:`overlay_loop_script` (or the discovery's overlay section with
     the discovery's own ``ip`` JSON): never raises, unusable parts are None / empty."""
     vtysh, _, links = line.partition("\t")
-    docs = [*_json_docs(vtysh), None, None, None]
+    docs = [*_json_docs(vtysh), None, None, None, None]
     try:
         interfaces = parse_interfaces(links) if links.strip() else {}
     except (ValueError, KeyError, TypeError):
@@ -156,6 +185,7 @@ def parse_overlay(line: str) -> OverlayView:
         imets=parse_imets(docs[2]),
         links=interfaces,
         link_locals=_link_locals(links),
+        sessions=parse_sessions(docs[3]),
     )
 
 
@@ -244,6 +274,45 @@ def overlay_passed(view: OverlayView, vnis: tuple[int, ...], expected: set[str],
     if not evpn:
         imet = "IMET not checked (advertise-all-vni off)"
     return f"{len(vnis)} VNI(s) up ({', '.join(map(str, vnis))}); {imet}"
+
+
+# -- (b') a hub that lost this node ------------------------------------------------------------
+
+# How long an Established session may carry nothing from the hub while other VTEPs' routes are
+# missing before the node resets it: a hub sends its table right after the session comes up
+# (well under a second here, even under load), so 5 s of silence is not slowness.
+SILENT_HUB_AFTER_S = 5.0
+
+
+def silent_hub(view: OverlayView, hub_ip: str, missing: dict[int, set[str]]) -> str | None:
+    """Why the session to the hub must be reset, or None. The hub is silent when the session is
+    Established for :data:`SILENT_HUB_AFTER_S`, this node has advertised its own routes, and it
+    received *nothing* while IMET routes of other rolled-out VTEPs are missing: the hub holds
+    those routes (they reached it from the other nodes) but does not send them on this session.
+
+    Seen on FRR 8.4 as the hub (the switch's ``bgp listen range``, the lab's route reflector):
+    when a node's session comes back while the hub has not yet cleared the old one (the hub
+    busy), the hub takes the new connection into the old dynamic peer, which then disappears
+    from its configuration (``show bgp summary`` lists it no longer) and is never sent an update
+    — while what the node sends is still reflected to the others (FRR issue 9929, fixed in FRR
+    PR 20120, FRR 10.5). Resetting the session from the node makes the hub delete that peer and
+    take the next connection as a new one."""
+    s = view.sessions.get(hub_ip)
+    if not missing or s is None or s.state != "Established" or s.up_s < SILENT_HUB_AFTER_S:
+        return None
+    if s.pfx_rcd or not s.pfx_snt:
+        return None
+    vteps = sorted(set().union(*missing.values()))
+    return (
+        f"the session to {hub_ip} was Established {s.up_s:.0f} s with {s.pfx_snt} route(s) sent and none"
+        f" received while the IMET routes of {', '.join(vteps)} were missing: session reset (a hub that"
+        " lost this dynamic peer)"
+    )
+
+
+def hub_reset_command(hub_ip: str) -> str:
+    """Reset the BGP session to `hub_ip` (a hard reset: the hub sees the session end)."""
+    return f"vtysh -c {shlex.quote(f'clear bgp {hub_ip}')}"
 
 
 # -- the VTEPs already rolled out (one per job, shared by its nodes) ------------------------
