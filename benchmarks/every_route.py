@@ -319,6 +319,32 @@ OPS: dict[str, Op] = {
         expect=(404,),
         needs_bmc=True,
     ),
+    "POST /controlnode/images": Op(
+        "write",
+        "422 naming sha256 (not hex): a valid registration downloads and converts an image each round",
+        lambda w, i: Req(
+            body={
+                "name": f"img-{i}",
+                "source_url": "http://127.0.0.1:9/x.qcow2",
+                "format": "qcow2",
+                "sha256": "z" * 64,
+            }
+        ),
+        expect=(422,),
+    ),
+    "GET /controlnode/images": Op("read", "valid: the catalog (empty in this world)", lambda w, i: Req()),
+    "GET /controlnode/images/{name}": Op(
+        "read",
+        "404 IMAGE_NOT_FOUND: no image is registered in this world (the query goes to the provisioner)",
+        lambda w, i: Req({"name": f"none-{i}"}),
+        expect=(404,),
+    ),
+    "DELETE /controlnode/images/{name}": Op(
+        "write",
+        "404 IMAGE_NOT_FOUND: no image is registered in this world",
+        lambda w, i: Req({"name": f"none-{i}"}),
+        expect=(404,),
+    ),
     "GET /controlnode/discovered": Op(
         "read", f"valid: the first page (100 of {DISCOVERED})", lambda w, i: Req(), needs_discovery=True
     ),

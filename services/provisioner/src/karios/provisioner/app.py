@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.firmware.service import FirmwareUpdates, wire_firmware
 from karios.provisioner.firmware.store import FirmwareStore
 from karios.provisioner.handlers import wire
+from karios.provisioner.images.service import ImageCatalog, wire_images
+from karios.provisioner.images.store import ImageStore
 from karios.provisioner.inspect.discovery_service import DiscoveryService, wire_discovery
 from karios.provisioner.inspect.discovery_store import DiscoveryStore
 from karios.provisioner.inspect.service import HardwareService, wire_inspection
@@ -98,6 +101,15 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
     wire_firmware(rt.bus, firmware)  # issue 27: firmware updates (firmware/)
     svc.firmware = firmware  # the policy: held updates run before the install
     powersync.install(rt.registry)
+    assert cfg.images_dir is not None
+    images = ImageCatalog(ImageStore(rt.db), cfg.images_dir)
+    wire_images(rt.bus, images)  # issue 25: the OS image catalog (images/)
+
+    async def image_sweep() -> None:
+        while True:  # a registration whose provisioner died is failed by a live replica
+            with contextlib.suppress(Exception):
+                await images.sweep()
+            await asyncio.sleep(60)
 
     async def on_start(_rt: ServiceRuntime) -> None:
         rt.state["stuck_task"] = asyncio.create_task(svc.stuck_loop())
@@ -105,14 +117,16 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
         rt.state["lease_task"] = asyncio.create_task(svc.lease_loop())
         if cfg.power_sync_interval > 0:
             rt.state["power_task"] = asyncio.create_task(power.loop())
+        rt.state["image_sweep"] = asyncio.create_task(image_sweep())
 
     async def on_stop(_rt: ServiceRuntime) -> None:
         await cancel_and_wait(
-            *(rt.state.pop(name, None) for name in ("stuck_task", "lease_task", "power_task"))
+            *(rt.state.pop(name, None) for name in ("stuck_task", "lease_task", "power_task", "image_sweep"))
         )
         await svc.stop()
         await hardware.stop()
         await firmware.stop()
+        await images.stop()
 
     app = build_app(rt, title="Karios provisioner", on_start=on_start, on_stop=on_stop)
     app.state.jobs = svc
@@ -121,6 +135,7 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
     app.state.rotation = rotation
     app.state.power_sync = power
     app.state.firmware = firmware
+    app.state.images = images
     app.state.config = cfg
     # Outermost: /images and /media bodies leave by sendfile(2) under uvicorn (media/serve.py).
     app.add_middleware(ZeroCopySend, prefixes=("/images/", "/media/"))
