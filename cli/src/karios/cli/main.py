@@ -11,7 +11,7 @@ import sys
 from enum import StrEnum
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -160,8 +160,12 @@ def run(
 
     from karios.common.http import SERVER_KEEP_ALIVE_S
 
-    # SSE streams never end on their own: give open connections 5 s on SIGTERM, then close them.
-    uvicorn.run(
+    StoppingServer = _stopping_server()
+
+    # SSE streams never end on their own: the app's "about to stop" hooks end them at SIGTERM (the
+    # gateway's relay sends each client `event: reconnect` with the id to resume from, as under
+    # granian); whatever is still open after 5 s is closed.
+    config = uvicorn.Config(
         spec.create_app(),
         host=settings.host,
         port=listen_port,
@@ -172,6 +176,31 @@ def run(
         timeout_keep_alive=SERVER_KEEP_ALIVE_S,
         **tls,  # type: ignore[arg-type]
     )
+    StoppingServer(config).run()
+
+
+def _stopping_server() -> type:
+    import asyncio
+
+    import uvicorn
+
+    class StoppingServer(uvicorn.Server):
+        """uvicorn's server that, at the first SIGTERM/SIGINT, calls the app's
+        ``app.state.before_server_stop`` hooks before it starts to stop."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.should_exit:
+                app = self.config.app
+                hooks = list(getattr(getattr(app, "state", None), "before_server_stop", ()))
+                try:  # a signal interrupts the loop's code anywhere: run them at its next turn
+                    loop = asyncio.get_running_loop()
+                    for hook in hooks:
+                        loop.call_soon_threadsafe(hook)
+                except RuntimeError:  # no loop running (yet): nothing is streaming
+                    pass
+            super().handle_exit(sig, frame)
+
+    return StoppingServer
 
 
 @app.command()
