@@ -9,14 +9,31 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
+from karios.fabric_worker.rollout.errors import FabricVerifyFailed
+from karios.fabric_worker.rollout.facts import APPLY_DISCOVER_SCRIPT
+from karios.fabric_worker.rollout.intent import NodeTarget
+from karios.fabric_worker.rollout.node import NodeEvent, NodeRollout, RolloutOptions
 from karios.fabric_worker.rollout.overlay import (
     SILENT_HUB_AFTER_S,
     OverlayView,
+    RolledOut,
+    RolledOutVtep,
     Session,
     hub_reset_command,
     parse_overlay,
     parse_sessions,
     silent_hub,
+)
+from karios.fabric_worker.rollout.ssh import CommandResult
+from tests.unit.fabric_rollout.lab import overlay_line
+from tests.unit.fabric_rollout.test_noop_verify import (
+    INTENT,
+    VTEP,
+    RecordingSession,
+    _applied_discovery,
+    _summary,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -68,3 +85,94 @@ def test_sessions_parse_from_the_overlay_poll_line_and_tolerate_junk() -> None:
 
 def test_the_reset_is_a_hard_clear_of_that_one_session() -> None:
     assert hub_reset_command(HUB) == f"vtysh -c 'clear bgp {HUB}'"
+
+
+# -- the node apply: a silent hub is reset once, an early node is rechecked ------------------------
+
+GHOST = RolledOutVtep("198.18.0.19", "node9 (198.18.0.19)", "198.19.1.9", "", 8950)
+
+
+def _line(session: dict, *, imet_from_ghost: bool) -> str:
+    """node2's recorded overlay poll line with an EVPN summary (the 4th document) appended; with
+    `imet_from_ghost`, its IMET routes from 198.19.1.3 re-labelled as the ghost's."""
+    vtysh, _, links = overlay_line().partition("\t")
+    if imet_from_ghost:
+        vtysh = vtysh.replace("198.19.1.3", "198.19.1.9")
+    return vtysh + json.dumps({"peers": {INTENT.peer_ip: session}}) + "\t" + links
+
+
+class ResetRecordingSession(RecordingSession):
+    async def run(self, command: str, *, input=None, limit_s: float = 60.0, check: bool = True):  # type: ignore[no-untyped-def]
+        if command == APPLY_DISCOVER_SCRIPT:
+            return await super().run(command, input=input, limit_s=limit_s, check=check)
+        self.execs.append(command)
+        return CommandResult(0, "", "")
+
+
+def _node(rolled: RolledOut, events: list[NodeEvent] | None = None) -> NodeRollout:
+    async def progress(ev: NodeEvent) -> None:
+        (events if events is not None else []).append(ev)
+
+    target = NodeTarget(node_ip="198.18.0.12", fqdn="node2", password="x")
+    opts = RolloutOptions(verify_timeout=5, verify_interval=0.01, settle_timeout=0.5)
+    return NodeRollout(target, INTENT, VTEP, options=opts, rolled_out=rolled, progress=progress)
+
+
+SILENT = {"state": "Established", "peerUptimeMsec": 9000, "pfxRcd": 0, "pfxSnt": 1}
+HEALTHY = {"state": "Established", "peerUptimeMsec": 1000, "pfxRcd": 3, "pfxSnt": 1}
+
+
+async def test_the_apply_resets_a_silent_hub_once_then_passes_and_says_so() -> None:
+    run = _node(RolledOut((GHOST,)))
+    overlay = [_line(SILENT, imet_from_ghost=False)] * 3 + [_line(HEALTHY, imet_from_ghost=True)]
+    s = ResetRecordingSession(_applied_discovery(None), polls=[_summary("Established")], overlay=overlay)
+    await run._apply_with(s, None)
+    assert s.execs.count(hub_reset_command(INTENT.peer_ip)) == 1  # three silent polls, one reset
+    assert "hub_session_reset" in run.result.steps and run.result.steps[-2] == "overlay_checked"
+    (said,) = run.result.repaired
+    assert said.startswith(f"the session to {INTENT.peer_ip} was Established 9 s") and "198.19.1.9" in said
+
+
+async def test_a_hub_that_sends_something_is_never_reset() -> None:
+    run = _node(RolledOut((GHOST,)))
+    overlay = [_line(HEALTHY, imet_from_ghost=False)] * 4
+    s = ResetRecordingSession(_applied_discovery(None), polls=[_summary("Established")], overlay=overlay)
+    with pytest.raises(FabricVerifyFailed, match=r"no IMET .* from VTEP 198\.19\.1\.9"):
+        await run._apply_with(s, None)
+    assert hub_reset_command(INTENT.peer_ip) not in s.execs
+
+
+async def test_a_node_checked_before_the_others_were_counted_is_rechecked() -> None:
+    rolled = RolledOut()
+    events: list[NodeEvent] = []
+    run = _node(rolled, events)
+    s = ResetRecordingSession(_applied_discovery(None), polls=[_summary("Established")])
+    await run._apply_with(s, None)
+    run.result.ok = True  # as apply() sets it
+    assert not run.needs_recheck()  # nobody else counted: its check expected no one
+    rolled.add(RolledOutVtep("198.18.0.11", "node1 (198.18.0.11)", "198.19.1.1", "fe80::1", 8950))
+    assert run.needs_recheck()
+    run._session = lambda: _Ctx(ResetRecordingSession("", polls=[]))  # type: ignore[method-assign]
+    events.clear()
+    await run.recheck()  # node2's recorded view holds node1's IMET routes
+    assert run.result.ok and run.result.steps[-1] == "rechecked" and not events  # said only on a change
+    assert not run.needs_recheck()
+    rolled.add(GHOST)  # a VTEP whose IMET route this node does not have
+    await run.recheck()
+    assert not run.result.ok
+    assert run.result.error.startswith(
+        "after every node was rolled out: node2 (198.18.0.12): VNI 100: no IMET"
+    )
+    assert [e.state for e in events] == ["node_failed"]
+    assert "198.18.0.12" not in {v.node_ip for v in rolled.others("x", "y")}  # nobody waits for it
+
+
+class _Ctx:
+    def __init__(self, s: RecordingSession) -> None:
+        self.s = s
+
+    async def __aenter__(self) -> RecordingSession:
+        return self.s
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
