@@ -15,6 +15,7 @@ import functools
 import gzip
 import hashlib
 import io
+import json
 import shutil
 import subprocess
 import tarfile
@@ -30,6 +31,7 @@ from karios.api_gateway.app import create_app as gateway_app
 from karios.provisioner.app import create_app as provisioner_app
 from karios.provisioner.config import ProvisionerConfig
 from tests.fixtures.apps import ADMIN, REQUIRE
+from tests.fixtures.cli import run_karios
 from tests.fixtures.wait import wait_until
 
 pytestmark = [pytest.mark.integration]
@@ -202,3 +204,31 @@ async def test_bad_input_is_a_422_naming_the_field_a_taken_name_409_and_delete(a
     token = {"Authorization": f"Bearer {viewer.json()['token']}"}
     assert (await api.get("/controlnode/images", headers=token)).status_code == 200
     assert (await api.post("/controlnode/images", json=ok, headers=token)).status_code == 403
+
+
+async def test_the_cli_registers_waits_lists_and_deletes(api, sources) -> None:
+    base, files = sources
+    url = str(api.base_url).rstrip("/")
+    raw = files["disk.raw"].read_bytes()
+    code, out, err = await run_karios(
+        url, "images", "register", "cli-disk", f"{base}/disk.raw", "--format", "raw", "--sha256", _sha(raw)
+    )
+    assert code == 0, err
+    assert "cli-disk" in out and "ready" in out  # --wait (the default) followed it to the end
+    code, out, err = await run_karios(
+        url, "images", "register", "cli-bad", f"{base}/disk.raw", "--format", "raw", "--sha256", "0" * 64
+    )
+    assert code == 1 and "image cli-bad: checksum: the source hashes to" in err, (out, err)
+    code, out, _ = await run_karios(url, "-o", "json", "images", "list")
+    assert code == 0 and {i["name"]: i["state"] for i in json.loads(out)["items"]} == {
+        "cli-disk": "ready",
+        "cli-bad": "failed",
+    }
+    code, out, err = await run_karios(
+        url, "images", "register", "x", "ftp://h/x", "--format", "raw", "--sha256", "a" * 64
+    )
+    assert code != 0 and "source_url" in err, (out, err)
+    code, _, err = await run_karios(url, "images", "delete", "cli-disk")
+    assert code == 0, err
+    code, _, err = await run_karios(url, "images", "show", "cli-disk")
+    assert code != 0 and "not in the catalog" in err, err

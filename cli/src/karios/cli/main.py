@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from karios.cli.backup import register as register_backup
-from karios.cli.client import audit_cmd, commands, server_cmd
+from karios.cli.client import audit_cmd, commands, images_cmd, server_cmd
 from karios.cli.client.api import CliError
 from karios.cli.client.fabric_cmds import fabric_app
 from karios.cli.client.shared import STATE, App
@@ -252,6 +252,7 @@ app.command()(commands.events)
 app.add_typer(commands.job_app, name="job")
 app.add_typer(fabric_app, name="fabric")
 app.add_typer(commands.token_app, name="token")
+app.add_typer(images_cmd.images_app, name="images")
 app.command("audit")(audit_cmd.audit)
 app.add_typer(commands.context_app, name="context")
 app.command("demo")(demo)
