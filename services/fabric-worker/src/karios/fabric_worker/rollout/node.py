@@ -412,6 +412,8 @@ class NodeRollout:
             if len(r.repaired) > before:
                 said = ["rechecked after every node", *r.repaired[before:]]
                 await self._emit("node_ready", "; ".join(said))
+        except RolloutCancelled:
+            pass  # the job is being cancelled: its rollback, not this check, decides
         except KariosError as exc:
             r.ok = False
             r.error = redact(f"after every node was rolled out: {exc.message}", self._secrets)
