@@ -6,6 +6,7 @@ to a gateway's REST API with the client context ``karios up`` / ``karios login``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from enum import StrEnum
@@ -176,7 +177,11 @@ def run(
         timeout_keep_alive=SERVER_KEEP_ALIVE_S,
         **tls,  # type: ignore[arg-type]
     )
-    StoppingServer(config).run()
+    server = StoppingServer(config)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:  # as uvicorn.run: a start-up failure (a taken port…) exits 3
+        sys.exit(3)
 
 
 def _stopping_server() -> type:
