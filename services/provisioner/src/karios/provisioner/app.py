@@ -101,8 +101,7 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
     wire_firmware(rt.bus, firmware)  # issue 27: firmware updates (firmware/)
     svc.firmware = firmware  # the policy: held updates run before the install
     powersync.install(rt.registry)
-    assert cfg.images_dir is not None
-    images = ImageCatalog(ImageStore(rt.db), cfg.images_dir)
+    images = ImageCatalog(ImageStore(rt.db), cfg.images_dir)  # served under /images like the rest
     wire_images(rt.bus, images)  # issue 25: the OS image catalog (images/)
 
     async def image_sweep() -> None:

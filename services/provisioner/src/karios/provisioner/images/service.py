@@ -169,13 +169,15 @@ def file_sha256(path: Path) -> str:
 
 
 class ImageCatalog:
-    def __init__(self, store: ImageStore, images_dir: Path) -> None:
+    def __init__(self, store: ImageStore, images_dir: Path | None) -> None:
         self.store = store
         self.images_dir = images_dir
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     @property
     def catalog_dir(self) -> Path:
+        if self.images_dir is None:
+            raise ImageFailed("the provisioner has no images directory (KARIOS_PROVISIONER_IMAGES_DIR)")
         return self.images_dir / CATALOG_DIR
 
     def _file(self, view: ImageView) -> Path:
@@ -220,7 +222,7 @@ class ImageCatalog:
         view = await self.store.delete(q.name)
         if view is None:
             raise ImageNotFound(f"image {q.name!r} is not in the catalog")
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ImageFailed):
             self._file(view).unlink(missing_ok=True)
         log.info("image deleted", image=q.name, by=q.requested_by)
         return view
@@ -245,7 +247,12 @@ class ImageCatalog:
             await self._move(view, view.message)
 
     async def _register(self, view: ImageView) -> None:
-        self.catalog_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.catalog_dir.mkdir(parents=True, exist_ok=True)
+        except (ImageFailed, OSError) as exc:
+            await self._move(view, str(exc), state="failed")
+            self._tasks.pop(view.name, None)
+            return
         part = self.catalog_dir / f".{view.name}.download"
         out = self.catalog_dir / f".{view.name}.out"
         beat = asyncio.create_task(self._heartbeat(view))
