@@ -19,12 +19,14 @@ from karios.fabric_worker.rollout.node import NodeEvent, NodeRollout, RolloutOpt
 from karios.fabric_worker.rollout.overlay import (
     SILENT_HUB_AFTER_S,
     OverlayView,
+    ProbePlan,
     RolledOut,
     RolledOutVtep,
     Session,
     hub_reset_command,
     parse_overlay,
     parse_sessions,
+    plan_probe,
     silent_hub,
 )
 from karios.fabric_worker.rollout.ssh import CommandResult
@@ -188,3 +190,34 @@ async def test_a_recheck_cut_by_a_cancel_does_not_fail_the_node() -> None:
     abort.set()
     await run.recheck(abort)
     assert run.result.ok and not run.result.error  # the cancel's rollback decides, not the check
+
+
+# -- the probe: a peer checked before this node was counted -----------------------------------
+
+
+def test_the_probe_prefers_a_peer_whose_check_saw_this_node() -> None:
+    early = RolledOutVtep("198.18.0.11", "node1 (198.18.0.11)", "198.19.1.1", "fe80::1", 8950)
+    late = dataclasses.replace(early, node_ip="198.18.0.13", label="node3", vtep_ip="198.19.1.3",
+                               link_local="fe80::3", checked_against=frozenset({"198.19.1.2"}))  # fmt: skip
+    plan = plan_probe((early, late), (100,), 8950, "fe80::2", own_vtep="198.19.1.2")
+    assert isinstance(plan, ProbePlan) and plan.target is late
+    plan = plan_probe((early,), (100,), 8950, "fe80::2", own_vtep="198.19.1.2")
+    assert isinstance(plan, ProbePlan) and plan.target is early  # none saw it: the first still
+
+
+async def test_a_lost_echo_from_a_peer_checked_before_this_node_is_inconclusive_not_a_failure() -> None:
+    early = RolledOutVtep("198.18.0.11", "node1 (198.18.0.11)", "198.19.1.1", "fe80::1", 8950)
+    run = _node(RolledOut((early,)))
+    run._overlay_mtu = 8950
+    s = ResetRecordingSession(_applied_discovery(None), polls=[])  # the ping prints nothing: no echo
+    await run._probe(s, "fe80::2", None)
+    assert run.result.steps == ["probe_inconclusive"]
+    assert (
+        "no reply after" in run.result.checks[0]
+        and "inconclusive: node1 (198.18.0.11)" in run.result.checks[0]
+    )
+    saw_me = dataclasses.replace(early, checked_against=frozenset({VTEP}))
+    run = _node(RolledOut((saw_me,)))
+    run._overlay_mtu = 8950
+    with pytest.raises(FabricVerifyFailed, match="no reply after"):
+        await run._probe(s, "fe80::2", None)  # its reply path was checked: this node's failure

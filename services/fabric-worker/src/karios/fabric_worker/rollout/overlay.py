@@ -326,6 +326,9 @@ class RolledOutVtep:
     link_local: str = ""  # IPv6 link-local of its probe bridge ("" = none: not a probe target)
     overlay_mtu: int = 0
     since: float = 0.0  # when it was counted (the caller's monotonic clock; 0: before the job)
+    # the other VTEPs whose IMET routes its own passed check saw (a peer missing from it may not
+    # be reachable back from this node yet: see plan_probe)
+    checked_against: frozenset[str] = frozenset()
 
 
 def settle_deadline(started: float, expected: tuple[RolledOutVtep, ...], settle: float) -> float:
@@ -376,9 +379,10 @@ def plan_probe(
     own_link_local: str,
     *,
     evpn: bool = True,
+    own_vtep: str = "",
 ) -> ProbePlan | str:
-    """The probe to run, or why none can: the first peer with a link-local address on the same
-    bridge, at min(own, peer) overlay MTU."""
+    """The probe to run, or why none can: a peer with a link-local address on the same bridge
+    (one whose own check saw `own_vtep`'s IMET route if any), at min(own, peer) overlay MTU."""
     if not vnis:
         return "no VNI configured"
     if not evpn:
@@ -389,7 +393,8 @@ def plan_probe(
     targets = [p for p in peers if p.link_local]
     if not targets:
         return "no other VTEP with an overlay address rolled out yet"
-    peer = targets[0]
+    # A peer whose own check saw this node's IMET route first: its reply path is known good.
+    peer = next((p for p in targets if own_vtep and own_vtep in p.checked_against), targets[0])
     mtu = min(own_mtu, peer.overlay_mtu or own_mtu)
     return ProbePlan(target=peer, bridge=bridge, mtu=mtu)
 
