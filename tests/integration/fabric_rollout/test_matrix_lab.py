@@ -290,6 +290,15 @@ class FailureSnapshot:
 _SEQ = iter(range(1000))
 
 
+def _targets(lab) -> list[NodeTarget]:
+    """The two compute nodes as the rollout reaches them (SSH key, pinned host key)."""
+    key = Path(lab.client_key_path).read_text()
+    return [
+        NodeTarget(node_ip=n.underlay_ip, fqdn=n.name, private_key=key, known_host_key=n.host_public_key)
+        for n in lab.nodes[:2]
+    ]
+
+
 @pytest.mark.parametrize("cell", cells(), ids=lambda c: c.id)
 async def test_cell_comes_up_and_carries_traffic(lab, cell: Cell) -> None:
     if cell.underlay == "ospf-hmac" and not _hmac_supported():
@@ -306,11 +315,7 @@ async def test_cell_comes_up_and_carries_traffic(lab, cell: Cell) -> None:
     hosts: list[str] = []
     try:
         run.start(cell, cfg)
-        key = Path(lab.client_key_path).read_text()
-        targets = [
-            NodeTarget(node_ip=n.underlay_ip, fqdn=n.name, private_key=key, known_host_key=n.host_public_key)
-            for n in lab.nodes[:2]
-        ]
+        targets = _targets(lab)
         vteps = allocate_vteps(intent, [t.node_ip for t in targets])
         t0 = time.monotonic()
         snapshot = FailureSnapshot(lab, run)
@@ -441,11 +446,7 @@ async def test_an_apply_resets_the_session_of_a_hub_that_lost_the_node(lab) -> N
     run = Cellrun(lab, next(_SEQ))
     try:
         run.start(cell, cfg)
-        key = Path(lab.client_key_path).read_text()
-        targets = [
-            NodeTarget(node_ip=n.underlay_ip, fqdn=n.name, private_key=key, known_host_key=n.host_public_key)
-            for n in lab.nodes[:2]
-        ]
+        targets = _targets(lab)
         vteps = allocate_vteps(intent, [t.node_ip for t in targets])
         first = await ApplyJob(intent, targets, vteps, options=OPTS).run()
         assert first.job_status == "completed", first.first_fail_error

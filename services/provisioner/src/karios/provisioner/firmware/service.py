@@ -372,11 +372,8 @@ def _download(url: str) -> Path:
 
 
 def _sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as fh:
-        while chunk := fh.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def wire_firmware(bus: Bus, svc: FirmwareUpdates) -> None:

@@ -97,6 +97,11 @@ def _pipe_count(decompress: list[str], src: Path, what: str, then: list[str] | N
     return total
 
 
+def file_sha256(path: Path) -> str:
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
 def download(url: str, dest: Path, algo: str) -> str:
     """`url` into `dest`, hashed on the way with `algo`; the hex digest."""
     h = hashlib.new(algo)
@@ -158,14 +163,6 @@ def prepare(view: ImageView, src: Path, out: Path) -> int:
     disk = _pipe_count(tools[fmt], src, f"format: not a valid {fmt}", then)
     src.replace(out)
     return disk if fmt in WHOLE_DISK else 0
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class ImageCatalog:
