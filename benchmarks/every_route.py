@@ -469,6 +469,12 @@ OPS: dict[str, Op] = {
         lambda w, i: Req({"id": pick(w.job_ids, i)}, body={"os_ip": "192.0.2.10"}, headers=NO_TOKEN),
         expect=(401,),
     ),
+    "POST /controlnode/job/{id}/phone-home": Op(
+        "write",
+        "401: no job token (only the installed system's cloud-init seed has it)",
+        lambda w, i: Req({"id": pick(w.job_ids, i)}, body={"instance_id": "karios-x"}, headers=NO_TOKEN),
+        expect=(401,),
+    ),
     "POST /controlnode/job/{id}/step": Op(
         "write",
         "401: no job token (only the boot medium has it)",

@@ -200,7 +200,12 @@ async def test_callbacks_give_no_existence_oracle(stack):
 
     # The published contract documents 401/404/409 with the one error model.
     doc = (await c.get("/openapi.json")).json()
-    for path in ("/controlnode/job/{id}/step", "/controlnode/job/{id}/complete", "/controlnode/firstboot"):
+    for path in (
+        "/controlnode/job/{id}/step",
+        "/controlnode/job/{id}/complete",
+        "/controlnode/firstboot",
+        "/controlnode/job/{id}/phone-home",
+    ):
         responses = doc["paths"][path]["post"]["responses"]
         for code in ("401", "404", "409"):
             schema = responses[code]["content"]["application/json"]["schema"]

@@ -14,7 +14,7 @@ PKGS=(
   qemu-system-x86 ipxe                                              # real iPXE client (bootapi)
   qemu-utils ovmf socat zstd                                        # installs/wipes booted in a VM
   mawk gawk busybox                                                 # callbacks' JSON under every awk it meets
-  btrfs-progs fdisk                                                 # the wipe on loop devices (btrfs copies, GPT)
+  btrfs-progs fdisk gdisk                                           # the wipe and whole-disk images on loop devices
   mmdebstrap apt-cacher-ng                                          # image builds, installer proxy
   prometheus                                                        # dashboards/alerts (promtool) against a real Prometheus
   chromium chromium-driver                                          # the web console in a real browser (Selenium)

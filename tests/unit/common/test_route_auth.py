@@ -12,6 +12,7 @@ INSTALLER_CALLBACKS = {
     ("POST", "/controlnode/job/{id}/step"),
     ("POST", "/controlnode/job/{id}/complete"),
     ("POST", "/controlnode/firstboot"),
+    ("POST", "/controlnode/job/{id}/phone-home"),  # cloud-init's first boot (?token=)
 }
 
 

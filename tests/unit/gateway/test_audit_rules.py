@@ -56,6 +56,7 @@ def test_every_operator_write_is_audited_and_nothing_else():
         ("POST", "/controlnode/job/{id}/step"),
         ("POST", "/controlnode/job/{id}/complete"),
         ("POST", "/controlnode/firstboot"),
+        ("POST", "/controlnode/job/{id}/phone-home"),
         ("POST", "/controlnode/provision/progress"),
         ("POST", "/controlnode/fabric-config/plan"),
     ):

@@ -11,6 +11,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+from karios.common.contracts.images import IMAGE_NAME_PATTERN, SEED_MIB, SEED_NEEDS_BYTES, ImageView
 from karios.common.contracts.provision import ProvisionSpec, check_debian_version, check_pool, debian_suites
 from karios.common.errors import Conflict, ValidationFailed
 
@@ -107,6 +108,46 @@ def pool_capacity(pool_type: str | None, disk_bytes: list[int]) -> int:
 
 def gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
+
+
+def check_catalog_image(
+    spec: ProvisionSpec, view: ImageView | None, disk_bytes: dict[str, int | None]
+) -> None:
+    """422 naming the field when the catalog image ``spec.image`` cannot be installed as asked:
+    ``image`` unknown (``view`` None) or not ready; a whole-disk image with a pool of several disks
+    (``pool_type``: it is written to one disk as it is); a selected disk smaller than the image's
+    disk (``selected_disks``; ``disk_bytes``: name without ``/dev/`` → bytes or None, unknown: not
+    checked here — the live environment checks it before writing)."""
+    if view is None:
+        raise ValidationFailed(
+            f"image: no image named {spec.image!r} in the catalog (GET /controlnode/images)", field="image"
+        )
+    if view.state != "ready":
+        why = f": {view.message}" if view.message else ""
+        raise ValidationFailed(f"image: {view.name} is {view.state}, not ready{why}", field="image")
+    if not view.whole_disk:
+        return
+    if (spec.pool_type or "single") != "single" or len(spec.selected_disks) > 1:
+        raise ValidationFailed(
+            f"pool_type: {view.name} is a whole-disk image, written as it is to one disk: pool_type single "
+            f"with at most one selected disk (got {spec.pool_type} on {len(spec.selected_disks)})",
+            field="pool_type",
+        )
+    if not spec.selected_disks or not view.disk_bytes:
+        return
+    name = spec.selected_disks[0].removeprefix("/dev/")
+    size = disk_bytes.get(name)
+    if size and size < view.disk_bytes + SEED_NEEDS_BYTES:
+        raise ValidationFailed(
+            f"selected_disks: disk {name} is {gib(size)}; image {view.name} is a {gib(view.disk_bytes)} disk "
+            f"(and {SEED_MIB} MiB for its cloud-init seed)",
+            field="selected_disks",
+            details={
+                "disks": {name: size},
+                "needed_bytes": view.disk_bytes + SEED_NEEDS_BYTES,
+                "image": view.name,
+            },
+        )
 
 
 def check_disk_space(
@@ -256,8 +297,23 @@ def validate_provision(spec: ProvisionSpec) -> ProvisionSpec:
             f"install_method: {spec.install_method!r} is not one of {', '.join(INSTALL_METHODS)}",
             field="install_method",
         )
+    method = spec.install_method
+    if spec.image:
+        if not re.match(IMAGE_NAME_PATTERN, spec.image):
+            raise ValidationFailed(
+                "image: a catalog image name (lowercase letters, digits, '.', '_', '-'; max 63)",
+                field="image",
+            )
+        if method == "preseed":
+            raise ValidationFailed(
+                "install_method: a catalog image is written by the image method, not the Debian installer "
+                "(leave install_method out or say image)",
+                field="install_method",
+            )
+        method = "image"
     return spec.model_copy(
         update={
+            "install_method": method,
             "vendor": vendor,
             "selected_disks": disks,
             "pool_type": pool,

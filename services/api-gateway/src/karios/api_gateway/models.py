@@ -96,6 +96,12 @@ class ProvisionRequest(BaseModel):
         "fast); preseed: the Debian installer (needs a complete mirror). Default: the provisioner's "
         "KARIOS_PROVISIONER_INSTALL_METHOD",
     )
+    image: Label = PField(
+        "",
+        description="An image of the catalog (GET /controlnode/images) to install instead of Karios's own "
+        "Debian: a whole-disk image is written to one disk (pool_type single) with a cloud-init seed, a "
+        "root archive onto the pool. Implies install_method image. Default: Karios's own image",
+    )
     mirror: Text = PField(
         "", description="Debian archive for this install, host[:port]/dir or URL (default: the deployment's)"
     )

@@ -102,6 +102,7 @@ def create_app(settings: KariosSettings | None = None, config: ProvisionerConfig
     svc.firmware = firmware  # the policy: held updates run before the install
     powersync.install(rt.registry)
     images = ImageCatalog(ImageStore(rt.db), cfg.images_dir)  # served under /images like the rest
+    svc.catalog = images.store  # a provision's `image`
     wire_images(rt.bus, images)  # issue 25: the OS image catalog (images/)
 
     async def image_sweep() -> None:

@@ -32,6 +32,11 @@ ChecksumAlgo = Literal["sha256", "sha512"]
 
 #: ``name``: what a provision request will name it by (a path segment, no dots first).
 IMAGE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+#: A whole-disk install adds a partition this big (MiB) after the image's last one, for the
+#: cloud-init seed (vfat, label CIDATA); with alignment, a target disk needs the image's size and
+#: :data:`SEED_NEEDS_BYTES`.
+SEED_MIB = 16
+SEED_NEEDS_BYTES = (SEED_MIB + 2) << 20
 #: Formats that are a whole disk (partition table, boot loader): written to one selected disk.
 WHOLE_DISK = frozenset({"raw", "raw.zst", "raw.xz", "raw.gz", "qcow2"})
 

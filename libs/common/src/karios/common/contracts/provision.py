@@ -45,6 +45,9 @@ class ProvisionSpec(BaseModel):
     # None: the provisioner's default (KARIOS_PROVISIONER_INSTALL_METHOD); unprovision always wipes.
     ssh_authorized_keys: list[str] = Field(default_factory=list)  # OpenSSH public keys for os_username
     install_method: str | None = None  # image | preseed
+    # An image of the catalog (contracts/images.py) instead of Karios's own ("": Karios's own);
+    # installed by the image method: a whole-disk image to one disk, a root archive to the pool.
+    image: str = ""
     mirror: str = ""  # host[:port]/dir of the Debian archive for this install ("" = deployment default)
     http_proxy: str = ""  # HTTP proxy the installer downloads through ("" = deployment default)
     metadata: dict[str, Any] = Field(default_factory=dict)  # accepted fields with no effect yet
@@ -150,6 +153,7 @@ class JobRequestView(BaseModel):
     debian_version: str = "12"
     install_method: str = Field("", description="The request's method ('': the deployment's default)")
     method: str = Field("", description="The method the job uses (image | preseed | wipe)")
+    image: str = Field("", description="The catalog image the request named ('': Karios's own)")
     arch: str = "amd64"
     os_username: str = "debian"
     selected_disks: list[str] = Field(default_factory=list)

@@ -14,6 +14,7 @@ import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Literal
+from urllib.parse import parse_qs
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -343,4 +344,34 @@ async def firstboot(
 ) -> dict:
     rt = request.app.state.runtime
     req = CallbackRequestV2(token_sha256=job_token, bmc_ip=str(body.bmc_ip), os_ip=str(body.os_ip))
+    return await rt.bus.request(rt.bus.subjects.request("provision", "firstboot"), req, reply=JobView)
+
+
+#: What cloud-init's phone_home posts (form fields) that the job's record keeps: bounded, printable.
+_PHONE_HOME_FIELDS = ("instance_id", "hostname", "fqdn")
+_PHONE_HOME_MAX = 64 * 1024
+
+
+@router.post(
+    "/job/{id}/phone-home",
+    response_model=JobView,
+    responses=_CALLBACK,
+    summary="cloud-init's phone_home from an installed catalog image (job token in ?token=)",
+    description="The first-boot report of a whole-disk catalog image: cloud-init posts its form "
+    "(`instance_id`, `hostname`, `fqdn`, `pub_key_*`) once it has configured the system; the job "
+    "completes as with `/firstboot`, at the address the installer reported at `/complete`. The "
+    "body's fields are only recorded in the job's message; an unreadable body is still a first boot.",
+)
+async def phone_home(id: JobId, request: Request, job_token: str = Depends(installer_token)) -> dict:
+    rt = request.app.state.runtime
+    raw = await request.body()
+    form = parse_qs(raw[:_PHONE_HOME_MAX].decode("utf-8", "replace"), max_num_fields=32)
+    said = ", ".join(
+        f"{k}={raw_report_text(form[k][0].encode())[:80]}" for k in _PHONE_HOME_FIELDS if form.get(k)
+    )
+    req = CallbackRequestV2(
+        job_id=id,
+        token_sha256=job_token,
+        message=bound_message(f"cloud-init phone_home ({said})" if said else "cloud-init phone_home"),
+    )
     return await rt.bus.request(rt.bus.subjects.request("provision", "firstboot"), req, reply=JobView)

@@ -41,6 +41,7 @@ from karios.common.contracts.hardware import (
     HardwareRecord,
     contradiction,
 )
+from karios.common.contracts.images import CatalogImageQuery, ImageView
 from karios.common.contracts.inventory import BmcHardware, BmcHardwareQuery
 from karios.common.contracts.provision import (
     AdmissionQuery,
@@ -56,6 +57,7 @@ from karios.common.errors import NotFound, ServiceUnavailable
 from karios.common.limits import Ident
 from karios.common.provisioning import (
     TERMINAL_STATES,
+    check_catalog_image,
     check_disk_space,
     check_disks_known,
     gpu_kernel_args,
@@ -109,7 +111,10 @@ async def _known_bmc(request: Request, spec: ProvisionSpec, field: str) -> None:
             f"{field}: no device with BMC IP {spec.bmc_ip} in the inventory", field=field
         ) from None
     check_disks_known(spec.selected_disks, [d.name for d in hw.disks])
-    await _check_disk_space(request, spec, hw)
+    if spec.image:
+        await _check_catalog_image(request, spec, hw)
+    else:
+        await _check_disk_space(request, spec, hw)
     await _check_hardware_record(request, spec, hw)
 
 
@@ -153,6 +158,28 @@ async def _check_hardware_record(request: Request, spec: ProvisionSpec, hw: BmcH
     if found is not None:
         field, why = found
         raise HardwareContradiction(f"{field}: {why}", field=field)
+
+
+async def _check_catalog_image(request: Request, spec: ProvisionSpec, hw: BmcHardware) -> None:
+    """422 naming ``image`` / ``pool_type`` / ``selected_disks`` when the catalog image named by
+    the request is unknown, not ready, or cannot go onto the selected disk
+    (``karios.common.provisioning.check_catalog_image``). No provisioner answer in time: accepted
+    (the job then fails at its start saying why, if it must)."""
+    rt = request.app.state.runtime
+    try:
+        view: ImageView | None = await rt.bus.request(
+            rt.bus.subjects.query("provision", "catalog_image"),
+            CatalogImageQuery(name=spec.image),
+            reply=ImageView,
+            timeout=IMAGE_QUERY_TIMEOUT,
+        )
+    except NotFound:
+        view = None
+    except ServiceUnavailable as exc:
+        log.info("catalog image not checked: no answer", image=spec.image, error=str(exc))
+        return
+    sizes = {d.name.removeprefix("/dev/"): round(d.size_gb * 1e9) if d.size_gb else None for d in hw.disks}
+    check_catalog_image(spec, view, sizes)
 
 
 async def _check_disk_space(request: Request, spec: ProvisionSpec, hw: BmcHardware) -> None:

@@ -78,11 +78,25 @@ class HostContext:
     security_host: str = ""  # security repository host ("" = off)
     security_dir: str = "/debian-security"
     updates: bool = False  # <suite>-updates
-    image_url: str = ""  # image method: URL of the root filesystem archive
+    image_url: str = ""  # image method: URL of the root filesystem archive (or of a catalog image)
+    # A catalog image (issue 25; "" = Karios's own root archive of `suite`): its path under
+    # /images, what that serves (tar.zst: a root archive; raw, raw.zst|xz|gz: a whole disk), the
+    # served file's SHA-256 (the live environment verifies it while writing) and, for a whole
+    # disk, its size (the target disk must hold it).
+    image_name: str = ""
+    image_path: str = ""
+    image_format: str = "tar.zst"
+    image_sha256: str = ""
+    image_disk_bytes: int = 0
     job_type: str = "provision"  # provision | unprovision
     # PEM CA certificates the live environment trusts besides its own store (the deployment's
     # private CA: /images and callbacks over HTTPS); "" = none. The image and wipe media carry it.
     ca_bundle: str = ""
+
+    @property
+    def whole_disk(self) -> bool:
+        """A whole-disk image (partition table, boot loader, cloud-init) rather than a root archive."""
+        return self.image_format.startswith("raw")
 
 
 @dataclass

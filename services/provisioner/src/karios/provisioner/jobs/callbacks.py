@@ -140,12 +140,18 @@ async def complete(svc: CallbackPort, req: CallbackRequestV2) -> JobView:
 
 
 async def firstboot(svc: CallbackPort, req: CallbackRequestV2) -> JobView:
-    job_id = await svc.repo.latest_for_bmc(req.bmc_ip)
+    """``/firstboot`` names the BMC (the seed's body); cloud-init's ``/job/{id}/phone-home`` names
+    the job (``req.job_id``) and reports no address: the one the installer reported at /complete."""
+    job_id = req.job_id or await svc.repo.latest_for_bmc(req.bmc_ip)
     if job_id is None:
         raise Unauthorized(INVALID_TOKEN)  # as for a wrong token: no oracle of known BMCs
     job = await _load(svc, job_id)
     if not token_matches(job, req.token_sha256):
-        old = await svc.repo.with_token(req.bmc_ip, req.token_sha256) if req.token_sha256 else None
+        old = (
+            await svc.repo.with_token(req.bmc_ip, req.token_sha256)
+            if req.token_sha256 and req.bmc_ip
+            else None
+        )
         if old is not None:
             raise Conflict(f"job {old} was superseded by a newer job for BMC {req.bmc_ip}")
         raise Unauthorized(INVALID_TOKEN)
@@ -153,7 +159,8 @@ async def firstboot(svc: CallbackPort, req: CallbackRequestV2) -> JobView:
     guard(job)
     os_ip = req.os_ip or job.os_ip
     await refuse_move(svc, job, os_ip)
-    job = await svc.move(job.id, State.completed, f"first boot from {os_ip}", os_ip=os_ip, guard=guard)
+    said = f": {req.message}" if req.message else ""
+    job = await svc.move(job.id, State.completed, f"first boot from {os_ip}{said}", os_ip=os_ip, guard=guard)
     await register(svc, job, os_ip)
     return view(job)
 

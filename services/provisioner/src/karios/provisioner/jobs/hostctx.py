@@ -9,6 +9,7 @@ import ipaddress
 from typing import Any
 
 from karios.common.bus.runtime import Bus
+from karios.common.contracts.images import ImageView
 from karios.common.contracts.inventory import AllocateIp, Host, HostQuery, IpAllocation
 from karios.common.contracts.provision import POOL_TYPES, StartProvision
 from karios.common.crypto import SecretBox
@@ -73,9 +74,30 @@ def _image_url(cfg: ProvisionerConfig, method: InstallMethod, suite: str) -> str
     return f"{(cfg.image_url or cfg.media_url).rstrip('/')}/images/{path(suite)}" if path else ""
 
 
+def _catalog_image(cfg: ProvisionerConfig, image: ImageView | None) -> dict[str, Any]:
+    """The HostContext fields of a catalog image (none: Karios's own image of the suite)."""
+    if image is None:
+        return {}
+    return {
+        "image_name": image.name,
+        "image_path": image.path,
+        "image_url": f"{(cfg.image_url or cfg.media_url).rstrip('/')}/images/{image.path}",
+        "image_format": image.served_format,
+        "image_sha256": image.served_sha256,
+        "image_disk_bytes": image.disk_bytes,
+    }
+
+
 async def host_context(
-    bus: Bus, box: SecretBox, cfg: ProvisionerConfig, cmd: StartProvision, token: str, method: InstallMethod
+    bus: Bus,
+    box: SecretBox,
+    cfg: ProvisionerConfig,
+    cmd: StartProvision,
+    token: str,
+    method: InstallMethod,
+    image: ImageView | None = None,
 ) -> HostContext:
+    """``image``: the catalog image the request names (ready), None for Karios's own."""
     spec = cmd.spec
     major, suite = debian_release(spec.debian_version)
     ip = spec.bmc_ip
@@ -109,7 +131,7 @@ async def host_context(
         security_host=cfg.security_host,
         security_dir=cfg.security_dir,
         updates=cfg.updates,
-        image_url=_image_url(cfg, method, suite),
         job_type=cmd.job_type,
         ca_bundle=cfg.ca_pem(),
+        **({"image_url": _image_url(cfg, method, suite)} | _catalog_image(cfg, image)),
     )

@@ -34,6 +34,7 @@ from opentelemetry import trace
 
 from karios.common.bus.envelope import correlation_scope, current_correlation
 from karios.common.bus.runtime import Bus
+from karios.common.contracts.images import ImageView
 from karios.common.contracts.provision import (
     Admission,
     CallbackRequestV2,
@@ -125,6 +126,7 @@ class JobService:
     resetting: dict[str, asyncio.Task[str]] = field(default_factory=dict)
     cleanups: set[asyncio.Task[None]] = field(default_factory=set)  # BMC cleanups in flight
     firmware: Any = None  # held firmware updates run before the install (app.py: FirmwareUpdates)
+    catalog: Any = None  # the OS image catalog's store (app.py: ImageStore): a request's `image`
 
     def __post_init__(self) -> None:
         self.methods = self.methods or install_methods(self.cfg)
@@ -336,7 +338,7 @@ class JobService:
                 f"install_method: {name!r} is not installed on this provisioner "
                 f"(available: {', '.join(sorted(self.methods))})"
             )
-        ctx = await host_context(self.bus, self.box, self.cfg, cmd, token, method)
+        ctx = await host_context(self.bus, self.box, self.cfg, cmd, token, method, await self._image(cmd))
         await self._prepare(method, ctx.major, ctx.suite)
         t0 = time.perf_counter()
         with trace.get_tracer(TRACER).start_as_current_span("provision.media.build") as span:
@@ -346,6 +348,21 @@ class JobService:
             size = served.size if served is not None else 0  # the medium's length as served
             span.set_attributes({"karios.install_method": name, "karios.media.bytes": size})
         metrics.medium_built(name, t0, size)
+
+    async def _image(self, cmd: StartProvision) -> ImageView | None:
+        """The catalog image the request names, ready (None: Karios's own image). Checked by the
+        gateway before the 202; here again, as it may have been deleted or failed since."""
+        name = cmd.spec.image
+        if not name or cmd.job_type != "provision":
+            return None
+        view = await self.catalog.get(name) if self.catalog is not None else None
+        if view is None:
+            raise PermanentFailure(
+                f"image: no image named {name!r} in the catalog (deleted since the request?)"
+            )
+        if view.state != "ready" or not view.path:
+            raise PermanentFailure(f"image: {name} is {view.state}, not ready: {view.message}")
+        return view
 
     async def _prepare(self, method: InstallMethod, major: str, suite: str) -> None:
         """A method's base artifacts of one release, prepared once per process (cached on disk)."""

@@ -13,10 +13,12 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import replace
 
+from karios.common.contracts.images import SEED_NEEDS_BYTES
 from karios.common.errors import PermanentFailure
 from karios.common.provisioning import DISK_OVERHEAD, root_needs
 from karios.provisioner.install import INSTALL_STAGES, HostContext, Medium, Stage, ca_overlay
 from karios.provisioner.install.firstboot import firstboot_script, firstboot_unit
+from karios.provisioner.install.image.cloudinit import SEED_MIB, seed_files
 from karios.provisioner.install.image.manifest import root_manifest
 from karios.provisioner.install.live import (
     LiveMethod,
@@ -108,20 +110,45 @@ class ImageMethod(LiveMethod):
             disk_overhead=DISK_OVERHEAD,
         )
 
+    def render_disk_script(self, ctx: HostContext) -> str:
+        """``install.sh`` of a whole-disk catalog image for one host (pure)."""
+        if not (ctx.image_url and ctx.image_sha256 and ctx.image_disk_bytes):
+            raise PermanentFailure("image: a whole-disk image needs its URL, SHA-256 and disk size")
+        return _SCRIPTS.get_template("install_disk.sh.j2").render(
+            **{**vars(ctx), "disks": dev_paths(ctx.disks)},
+            stages=stage_percents(self.stages),
+            seed_mib=SEED_MIB,
+            seed_needs=SEED_NEEDS_BYTES,
+        )
+
     def medium(self, ctx: HostContext) -> Medium:
         if self.settings.url:  # targets reach the provisioner at another address than BMCs
-            ctx = replace(
-                ctx, image_url=f"{self.settings.url.rstrip('/')}/images/{self.image_path(ctx.suite)}"
-            )
+            path = ctx.image_path or self.image_path(ctx.suite)
+            ctx = replace(ctx, image_url=f"{self.settings.url.rstrip('/')}/images/{path}")
         art = self.images.artifacts(ctx.suite)
         if not self.images.ready(ctx.suite):
             raise PermanentFailure(f"image: artifacts for {ctx.suite} not built under {art.kernel.parent}")
-        overlay = {
-            "karios/run.sh": self.render_install_script(ctx, self.installed_bytes(ctx.suite)),
+        net = {
             "karios/net.env": net_env(ctx.nic_mac, ctx.static, ctx.nameservers),
+            **ca_overlay(ctx.ca_bundle),
+        }
+        if ctx.whole_disk:  # a catalog disk image: its own boot loader, cloud-init's first boot
+            seed = {f"karios/cidata/{name}": text for name, text in seed_files(ctx).items()}
+            return Medium(
+                kernel=art.kernel,
+                initrd=art.initrd,
+                overlay={"karios/run.sh": self.render_disk_script(ctx), **net, **seed},
+                kernel_args=list(LIVE_KERNEL_ARGS),
+                label="Karios image install",
+            )
+        # Karios's own root archive of the suite (its manifest: the disk-size check), or a
+        # catalog root archive (size unknown: not checked).
+        installed = None if ctx.image_name else self.installed_bytes(ctx.suite)
+        overlay = {
+            "karios/run.sh": self.render_install_script(ctx, installed),
             "karios/firstboot.sh": firstboot_script(ctx),
             "karios/firstboot.service": firstboot_unit(ctx),
-            **ca_overlay(ctx.ca_bundle),
+            **net,
         }
         return Medium(
             kernel=art.kernel,

@@ -41,10 +41,11 @@ ROOT_PACKAGES = (
 # tiny-initramfs satisfies the kernel's initramfs-tool dependency without initramfs-tools
 # building an initrd the live tree never uses (a minute of the build).
 # nvme-cli, hdparm and sg3-utils: the wipe's secure-erase ladder (NVMe sanitize/format, ATA
-# security erase, SCSI sanitize).
+# security erase, SCSI sanitize). mtools: a whole-disk image's cloud-init seed is written to its
+# vfat partition without mounting it (no kernel filesystem needed).
 LIVE_PACKAGES = (
-    "linux-image-amd64,tiny-initramfs,busybox,fdisk,gdisk,e2fsprogs,dosfstools,mdadm,util-linux,zstd,curl,"
-    "ca-certificates,kmod,iproute2,nvme-cli,hdparm,sg3-utils"
+    "linux-image-amd64,tiny-initramfs,busybox,fdisk,gdisk,e2fsprogs,dosfstools,mtools,mdadm,util-linux,zstd,"
+    "curl,ca-certificates,kmod,iproute2,nvme-cli,hdparm,sg3-utils"
 )
 # Disk, NIC and filesystem drivers of the live environment; their dependencies come along.
 # Names missing from a kernel package (built in, or not built) are skipped.

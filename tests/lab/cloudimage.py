@@ -1,0 +1,161 @@
+"""A Debian cloud image built here from Debian packages, as a distribution ships one: a qcow2 disk
+(GPT: BIOS boot, EFI system partition, ext4 root last) with cloud-init (NoCloud), systemd-networkd,
+OpenSSH and GRUB for BIOS and UEFI — the image an operator registers in Karios's catalog. It knows
+nothing of Karios: everything host-specific comes from the cloud-init seed the install writes.
+
+Built once per machine with mmdebstrap (through the lab's apt proxy) and cached under
+``<lab cache>/cloud/<key>/`` (the key: a hash of this file), one builder at a time; minutes cold,
+then instant. Needs root (loop devices), mmdebstrap, sgdisk, mkfs.ext4/vfat, mtools, grub-mkimage
+(grub-pc-bin, grub-efi-amd64-bin) and qemu-img.
+
+    python -m tests.lab.cloudimage      # build what is missing; prints the qcow2's path
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+SUITE = "bookworm"
+DISK_BYTES = 1280 << 20  # the image's disk: the root has ~700 MiB free
+PACKAGES = (
+    "linux-image-cloud-amd64,initramfs-tools,systemd-sysv,udev,cloud-init,openssh-server,sudo,"
+    "iproute2,e2fsprogs,ca-certificates,netbase"
+)
+BIOS_SETUP = "/usr/lib/grub/i386-pc/grub-bios-setup"  # grub-pc-bin, not on PATH
+TOOLS = (
+    "mmdebstrap",
+    "sgdisk",
+    "mkfs.ext4",
+    "mkfs.vfat",
+    "mcopy",
+    "grub-mkimage",
+    BIOS_SETUP,
+    "qemu-img",
+)
+# GRUB: one early config for both firmwares, embedded in the core image: find the root by label.
+EARLY_CFG = """\
+search --no-floppy --label root --set=root
+set prefix=($root)/boot/grub
+configfile /boot/grub/grub.cfg
+"""
+GRUB_CFG = """\
+serial --unit=0 --speed=115200
+terminal_input console serial
+terminal_output console serial
+set timeout=1
+menuentry "Debian (cloud image)" {
+  linux /vmlinuz root=LABEL=root ro console=tty0 console=ttyS0,115200n8
+  initrd /initrd.img
+}
+"""
+GRUB_MODULES = (
+    "part_gpt part_msdos ext2 search search_label normal linux configfile echo test serial terminal"
+)
+
+
+def tools_missing() -> list[str]:
+    return [t for t in TOOLS if not shutil.which(t)]
+
+
+def _key() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+def _run(*argv: str, **kw: object) -> None:
+    res = subprocess.run(argv, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+    if res.returncode != 0:
+        raise RuntimeError(f"{argv[0]} failed ({res.returncode}): {res.stderr.strip()[-1500:]}")
+
+
+@contextlib.contextmanager
+def _loop(img: Path) -> Iterator[str]:
+    dev = subprocess.run(
+        ["losetup", "-f", "--show", "-P", str(img)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    try:
+        yield dev
+    finally:
+        subprocess.run(["losetup", "-d", dev], capture_output=True)
+
+
+def build(out: Path, proxy: str = "") -> Path:
+    """Build the qcow2 at ``out`` (blocking: minutes)."""
+    with tempfile.TemporaryDirectory(prefix=".cloud-", dir=out.parent) as tmp:
+        t = Path(tmp)
+        tree = t / "tree"
+        argv = ["mmdebstrap", "--variant=minbase", f"--include={PACKAGES}"]
+        if proxy:
+            argv.append(f'--aptopt=Acquire::http::Proxy "{proxy}"')
+        _run(*argv, SUITE, str(tree), timeout=1800)
+        # cloud-init renders network-config v2 for systemd-networkd: the image enables it.
+        _run("chroot", str(tree), "systemctl", "enable", "systemd-networkd.service")
+        (tree / "etc/fstab").write_text("LABEL=root / ext4 errors=remount-ro 0 1\n")
+        (tree / "boot/grub").mkdir(parents=True, exist_ok=True)
+        (tree / "boot/grub/grub.cfg").write_text(GRUB_CFG)
+        for key in (tree / "etc/ssh").glob("ssh_host_*"):  # each install gets its own (cloud-init)
+            key.unlink()
+        (tree / "etc/hostname").unlink(missing_ok=True)
+        (tree / "etc/machine-id").write_text("")
+        shutil.rmtree(tree / "var/lib/apt/lists", ignore_errors=True)
+        if not (tree / "vmlinuz").exists() or not (tree / "initrd.img").exists():
+            raise RuntimeError("the cloud image has no /vmlinuz or /initrd.img")
+        raw = t / "disk.raw"
+        with open(raw, "wb") as f:
+            f.truncate(DISK_BYTES)
+        with _loop(raw) as dev:
+            _run("sgdisk", "-n1:0:+1M", "-t1:ef02", "-n2:0:+64M", "-t2:ef00", "-n3:0:0", "-t3:8300", dev)
+            subprocess.run(["partx", "-u", dev], capture_output=True)
+            _run("mkfs.ext4", "-q", "-F", "-L", "root", "-d", str(tree), f"{dev}p3", timeout=600)
+            _run("mkfs.vfat", "-F", "32", "-n", "ESP", f"{dev}p2")
+            early = t / "early.cfg"
+            early.write_text(EARLY_CFG)
+            bios = t / "bios"
+            bios.mkdir()
+            shutil.copy("/usr/lib/grub/i386-pc/boot.img", bios / "boot.img")
+            _run(
+                "grub-mkimage", "-O", "i386-pc", "-o", str(bios / "core.img"), "-c", str(early), "-p",
+                "/boot/grub", "biosdisk", *GRUB_MODULES.split(),
+            )  # fmt: skip
+            _run(BIOS_SETUP, "-d", str(bios), dev)
+            efi = t / "BOOTX64.EFI"
+            _run(
+                "grub-mkimage", "-O", "x86_64-efi", "-o", str(efi), "-c", str(early), "-p", "/boot/grub",
+                "efi_gop", "all_video", *GRUB_MODULES.split(),
+            )  # fmt: skip
+            env = {**os.environ, "MTOOLS_SKIP_CHECK": "1"}
+            _run("mmd", "-i", f"{dev}p2", "::/EFI", "::/EFI/BOOT", env=env)
+            _run("mcopy", "-i", f"{dev}p2", str(efi), "::/EFI/BOOT/BOOTX64.EFI", env=env)
+        _run("qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(t / "out.qcow2"), timeout=600)
+        os.replace(t / "out.qcow2", out)
+    return out
+
+
+def cached_cloud_image(cache: Path, proxy: str = "") -> Path:
+    """The qcow2 under ``cache/cloud/<key>/``, built when missing (other keys removed after)."""
+    top = cache / "cloud"
+    out = top / _key() / f"debian-{SUITE}-cloud.qcow2"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(top / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():
+            build(out, proxy)
+            for old in top.iterdir():
+                if old.is_dir() and old.name != out.parent.name:
+                    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+if __name__ == "__main__":
+    from tests.fixtures.installs import apt_proxy, lab_cache
+
+    print(cached_cloud_image(lab_cache(), apt_proxy()))
