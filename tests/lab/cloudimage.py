@@ -18,8 +18,10 @@ import fcntl
 import hashlib
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,9 +29,9 @@ SUITE = "bookworm"
 DISK_BYTES = 1280 << 20  # the image's disk: the root has ~700 MiB free
 PACKAGES = (
     "linux-image-cloud-amd64,initramfs-tools,systemd-sysv,udev,cloud-init,openssh-server,sudo,"
-    "iproute2,e2fsprogs,ca-certificates,netbase"
+    "iproute2,e2fsprogs,ca-certificates,netbase,locales"
 )
-BIOS_SETUP = "/usr/lib/grub/i386-pc/grub-bios-setup"  # grub-pc-bin, not on PATH
+BOOT_IMG = "/usr/lib/grub/i386-pc/boot.img"  # grub-pc-bin
 TOOLS = (
     "mmdebstrap",
     "sgdisk",
@@ -37,7 +39,7 @@ TOOLS = (
     "mkfs.vfat",
     "mcopy",
     "grub-mkimage",
-    BIOS_SETUP,
+    BOOT_IMG,
     "qemu-img",
 )
 # GRUB: one early config for both firmwares, embedded in the core image: find the root by label.
@@ -62,7 +64,36 @@ GRUB_MODULES = (
 
 
 def tools_missing() -> list[str]:
-    return [t for t in TOOLS if not shutil.which(t)]
+    return [t for t in TOOLS if not (shutil.which(t) or Path(t).exists())]
+
+
+def bios_setup(disk: str, core_img: Path) -> None:
+    """What ``grub-bios-setup`` does for a GPT disk whose partition 1 is the BIOS boot partition
+    (it cannot guess a root device on a loop device's partition): core.img into that partition,
+    its first sector's block list pointing at the rest, and boot.img into the MBR pointing at it,
+    keeping the protective MBR's partition table."""
+    out = subprocess.run(
+        ["partx", "-g", "-o", "NR,START,SECTORS", disk], capture_output=True, text=True, check=True
+    ).stdout
+    start, sectors = next((int(f[1]), int(f[2])) for f in map(str.split, out.splitlines()) if f[0] == "1")
+    core = bytearray(core_img.read_bytes())
+    core += bytes(-len(core) % 512)
+    n = len(core) // 512
+    if n > sectors:
+        raise RuntimeError(f"core.img is {n} sectors, the BIOS boot partition {sectors}")
+    struct.pack_into("<QHH", core, 512 - 12, start + 1, n - 1, 0x820)  # load the rest at 0x8200
+    with open(disk, "r+b") as f:
+        mbr = f.read(512)
+        boot = bytearray(Path(BOOT_IMG).read_bytes())
+        boot[0x3:0x5A] = mbr[0x3:0x5A]  # BPB
+        boot[0x1B8:0x1FE] = mbr[0x1B8:0x1FE]  # disk signature, partition table
+        struct.pack_into("<Q", boot, 0x5C, start)  # where core.img starts
+        boot[0x64] = 0xFF  # the boot drive the BIOS says
+        boot[0x66:0x68] = b"\x90\x90"  # a hard disk: no floppy check
+        f.seek(start * 512)
+        f.write(core)
+        f.seek(0)
+        f.write(boot)
 
 
 def _key() -> str:
@@ -95,8 +126,11 @@ def build(out: Path, proxy: str = "") -> Path:
         if proxy:
             argv.append(f'--aptopt=Acquire::http::Proxy "{proxy}"')
         _run(*argv, SUITE, str(tree), timeout=1800)
-        # cloud-init renders network-config v2 for systemd-networkd: the image enables it.
+        # cloud-init renders network-config v2 for systemd-networkd: the image enables it; its
+        # locale module sets en_US.UTF-8, which a distribution image has generated.
         _run("chroot", str(tree), "systemctl", "enable", "systemd-networkd.service")
+        (tree / "etc/locale.gen").write_text("en_US.UTF-8 UTF-8\n")
+        _run("chroot", str(tree), "locale-gen")
         (tree / "etc/fstab").write_text("LABEL=root / ext4 errors=remount-ro 0 1\n")
         (tree / "boot/grub").mkdir(parents=True, exist_ok=True)
         (tree / "boot/grub/grub.cfg").write_text(GRUB_CFG)
@@ -113,18 +147,20 @@ def build(out: Path, proxy: str = "") -> Path:
         with _loop(raw) as dev:
             _run("sgdisk", "-n1:0:+1M", "-t1:ef02", "-n2:0:+64M", "-t2:ef00", "-n3:0:0", "-t3:8300", dev)
             subprocess.run(["partx", "-u", dev], capture_output=True)
+            for _ in range(50):  # devtmpfs makes the partitions' nodes a moment later
+                if Path(f"{dev}p3").exists():
+                    break
+                time.sleep(0.1)
             _run("mkfs.ext4", "-q", "-F", "-L", "root", "-d", str(tree), f"{dev}p3", timeout=600)
             _run("mkfs.vfat", "-F", "32", "-n", "ESP", f"{dev}p2")
             early = t / "early.cfg"
             early.write_text(EARLY_CFG)
-            bios = t / "bios"
-            bios.mkdir()
-            shutil.copy("/usr/lib/grub/i386-pc/boot.img", bios / "boot.img")
+            core = t / "core.img"
             _run(
-                "grub-mkimage", "-O", "i386-pc", "-o", str(bios / "core.img"), "-c", str(early), "-p",
-                "/boot/grub", "biosdisk", *GRUB_MODULES.split(),
+                "grub-mkimage", "-O", "i386-pc", "-o", str(core), "-c", str(early), "-p", "/boot/grub",
+                "biosdisk", *GRUB_MODULES.split(),
             )  # fmt: skip
-            _run(BIOS_SETUP, "-d", str(bios), dev)
+            bios_setup(dev, core)
             efi = t / "BOOTX64.EFI"
             _run(
                 "grub-mkimage", "-O", "x86_64-efi", "-o", str(efi), "-c", str(early), "-p", "/boot/grub",

@@ -1,12 +1,13 @@
 """Image-based install END TO END through the gateway, booted for real in qemu (TCG).
 
-Provision on the Redfish emulator through the gateway, boot the ISO Karios built (downloaded
-from the provisioner's ``/media/{job}.iso``) in qemu with two virtio disks and ``pool_type:
-mirror``, follow SSE: every install stage arrives in order with its percent, the VM reboots from
-its disks into Debian (BIOS), the first-boot callback completes the job with the node's IP and
-registers the node, and the installed system has the md RAID1 root, the hostname, the serial
-console and the SSH key asked for (checked over SSH with that key). Then the same disks boot by
-UEFI (OVMF, the removable-path loader on the ESP) into the same system: one install, inspected
+Provision **Debian 13** (``debian_version: "13"``: Karios's own trixie image and live environment;
+the other VM tests install Debian 12) on the Redfish emulator through the gateway, boot the ISO
+Karios built (downloaded from the provisioner's ``/media/{job}.iso``) in qemu with two virtio disks
+and ``pool_type: mirror``, follow SSE: every install stage arrives in order with its percent, the VM
+reboots from its disks into Debian 13 (BIOS), the first-boot callback completes the job with the
+node's IP and registers the node, and the installed system has the md RAID1 root, the hostname, the
+serial console and the SSH key asked for (checked over SSH with that key). Then the same disks boot
+by UEFI (OVMF, the removable-path loader on the ESP) into the same system: one install, inspected
 from both firmwares — an install costs minutes under TCG, a boot one.
 """
 
@@ -46,6 +47,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
                 "bmc_IP": st.bmc_ip,
                 "vendor": "generic",
                 "hostname": "karios-img-1",
+                "debian_version": "13",
                 "os_username": "operator",
                 "os_password": password,
                 "selected_disks": ["vda", "vdb"],
@@ -86,6 +88,9 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
             ) as conn:
                 authorized = (await conn.run("cat ~/.ssh/authorized_keys", check=True)).stdout
                 hostname = (await conn.run("hostname", check=True)).stdout.strip()
+                release = (
+                    await conn.run(". /etc/os-release; echo $VERSION_ID $VERSION_CODENAME", check=True)
+                ).stdout
                 mdstat = (await conn.run("cat /proc/mdstat", check=True)).stdout
                 root = (await conn.run("findmnt -no SOURCE /", check=True)).stdout.strip()
                 efi = (await conn.run("findmnt -no FSTYPE /boot/efi", check=True)).stdout.strip()
@@ -94,6 +99,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
         finally:
             vm.stop()
         assert hostname == "karios-img-1"
+        assert release.split() == ["13", "trixie"], release
         assert public in authorized
         assert "raid1" in mdstat and "vda3" in mdstat and "vdb3" in mdstat, mdstat
         assert root.startswith("/dev/md"), root

@@ -30,7 +30,7 @@ import yaml
 
 from karios.provisioner.install import HostContext
 from karios.provisioner.install.image import ImageMethod
-from karios.provisioner.install.image.cloudinit import SEED_MIB, phone_home_url, seed_files
+from karios.provisioner.install.image.cloudinit import LIVE_NIC_MAC, SEED_MIB, phone_home_url, seed_files
 from tests.fixtures.apps import REQUIRE
 from tests.fixtures.installs import LIVE_PATH, in_live
 from tests.unit.installs.test_install_live import CuttingServer
@@ -87,6 +87,7 @@ def test_the_seed_is_yaml_with_every_value_as_given() -> None:
     assert files["user-data"].startswith("#cloud-config\n")
     (u,) = user["users"]
     assert (u["name"], u["hashed_passwd"], u["lock_passwd"]) == ("ops", "$6$salt$hash", False)
+    assert (u["primary_group"], u["groups"]) == ("ops", ["ops"])  # an existing group of that name too
     assert u["ssh_authorized_keys"] == [f"ssh-ed25519 AAAAC3Nza {tricky}"]
     assert user["hostname"] == "disk-1" and user["ssh_pwauth"] is True
     assert user["chpasswd"]["users"] == [{"name": "root", "password": "$6$r$root", "type": "HASH"}]
@@ -112,7 +113,7 @@ def test_the_seed_is_yaml_with_every_value_as_given() -> None:
 def test_the_seed_without_static_address_is_dhcp_on_any_nic() -> None:
     files = seed_files(ctx())
     net = yaml.safe_load(files["network-config"])["ethernets"]["karios0"]
-    assert net == {"match": {"name": "e*"}, "dhcp4": True}
+    assert net == {"match": {"macaddress": LIVE_NIC_MAC}, "dhcp4": True}  # the live NIC's, filled in there
     user = yaml.safe_load(files["user-data"])
     assert "chpasswd" not in user and "ca_certs" not in user
     assert user["users"][0]["ssh_authorized_keys"] == []
@@ -228,7 +229,8 @@ def test_a_disk_image_is_written_verified_grown_and_seeded(live_root: Path, tmp_
                 disk_functions(c)
                 + FAIL
                 + f"mkdir -p /run; check_disk {dev}; clear_disk {dev}; write_disk {srv.url} {dev}; "
-                + f'P=$(grow_disk {dev}); echo "grown $P"; grow_fs "$P"; write_seed {dev}; echo seeded',
+                + f'P=$(grow_disk {dev}); echo "grown $P"; grow_fs "$P"; '
+                + f"NIC=lo write_seed {dev}; echo seeded",
             )
             assert res.returncode == 0 and res.stdout.strip().endswith("seeded"), res.stdout + res.stderr
             assert f"image cloud written to {dev}: SHA-256 {c.image_sha256} verified" in res.stdout
@@ -248,6 +250,9 @@ def test_a_disk_image_is_written_verified_grown_and_seeded(live_root: Path, tmp_
                 _sh("debugfs", "-R", "cat marker", f"{dev}p3", stderr=subprocess.DEVNULL).encode() == marker
             )
             assert _sh("blkid", "-o", "value", "-s", "LABEL", f"{dev}p4").strip() == "CIDATA"
+            # the stand-in MAC became the one of the NIC the install came through (here: lo's)
+            seed["network-config"] = seed["network-config"].replace(LIVE_NIC_MAC, "00:00:00:00:00:00")
+            assert "network-config: the NIC with MAC 00:00:00:00:00:00" in res.stdout
             for name, text in seed.items():
                 assert _sh("mcopy", "-n", "-i", f"{dev}p4", f"::{name}", "-") == text
     finally:

@@ -198,6 +198,10 @@ def provision(
     method: Annotated[
         str, typer.Option(help="install method: image or preseed (default: deployment's)")
     ] = "",
+    image: Annotated[
+        str, typer.Option(help="a catalog image to install instead of Karios's Debian (karios images list)")
+    ] = "",
+    disk: Annotated[list[str], typer.Option(help="an install disk (repeat for a pool), e.g. sda")] = [],  # noqa: B006
     watch: Watch = False,
     until: Until = "",
 ) -> None:
@@ -207,6 +211,10 @@ def provision(
         body["hostname"] = hostname
     if method:
         body["install_method"] = method
+    if image:
+        body["image"] = image
+    if disk:
+        body["selected_disks"] = disk
     if ssh_key:
         body["ssh_authorized_keys"] = [p.read_text().strip() for p in ssh_key]
     with api() as a:

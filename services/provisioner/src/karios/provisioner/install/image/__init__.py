@@ -18,7 +18,7 @@ from karios.common.errors import PermanentFailure
 from karios.common.provisioning import DISK_OVERHEAD, root_needs
 from karios.provisioner.install import INSTALL_STAGES, HostContext, Medium, Stage, ca_overlay
 from karios.provisioner.install.firstboot import firstboot_script, firstboot_unit
-from karios.provisioner.install.image.cloudinit import SEED_MIB, seed_files
+from karios.provisioner.install.image.cloudinit import LIVE_NIC_MAC, SEED_MIB, seed_files
 from karios.provisioner.install.image.manifest import root_manifest
 from karios.provisioner.install.live import (
     LiveMethod,
@@ -119,6 +119,7 @@ class ImageMethod(LiveMethod):
             stages=stage_percents(self.stages),
             seed_mib=SEED_MIB,
             seed_needs=SEED_NEEDS_BYTES,
+            live_nic_mac=LIVE_NIC_MAC,
         )
 
     def medium(self, ctx: HostContext) -> Medium:

@@ -10,8 +10,10 @@ cloud images):
   posted by cloud-init to ``POST /controlnode/job/{id}/phone-home?token=…`` once it has run;
 - ``meta-data``: ``instance-id`` (``karios-<job id>``: a new install is a new instance) and the
   hostname;
-- ``network-config`` (v2): the NIC by its MAC when the request names one (else any ``e*`` NIC),
-  DHCP or the inventory's static address, gateway and name servers.
+- ``network-config`` (v2): the NIC by its MAC — the request's ``selected_nic_mac``, else the MAC of
+  the NIC the live environment installed through (:data:`LIVE_NIC_MAC`, filled in by the script: a
+  name pattern is not a match every renderer honours — cloud-init 22.4's networkd renderer writes
+  the config's id as the name), DHCP or the inventory's static address, gateway and name servers.
 
 Every value is rendered as a JSON string, which YAML reads as is: a key, hash or name cannot break
 the document. No secret in clear: the passwords are hashes, the job token dies with its job.
@@ -28,7 +30,9 @@ from karios.provisioner.templating import package_templates
 
 _ENV = package_templates("karios.provisioner.install.image")
 SEED_FILES = ("user-data", "meta-data", "network-config")
-__all__ = ["SEED_MIB", "phone_home_url", "seed_files"]
+__all__ = ["LIVE_NIC_MAC", "SEED_MIB", "phone_home_url", "seed_files"]
+#: Stands for the MAC of the NIC the live environment used; ``install_disk.sh`` replaces it.
+LIVE_NIC_MAC = "00:00:5e:00:53:ff"  # an RFC 7042 documentation MAC: never a real NIC's
 
 
 def phone_home_url(ctx: HostContext) -> str:
@@ -39,7 +43,7 @@ def phone_home_url(ctx: HostContext) -> str:
 
 def network_config(ctx: HostContext) -> str:
     st = ctx.static or {}
-    match = {"macaddress": ctx.nic_mac.lower()} if ctx.nic_mac else {"name": "e*"}
+    match = {"macaddress": (ctx.nic_mac or LIVE_NIC_MAC).lower()}
     address = ""
     if st.get("address"):
         mask = st.get("netmask") or st.get("prefix") or 24
