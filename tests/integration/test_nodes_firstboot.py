@@ -193,10 +193,39 @@ async def test_callbacks_give_no_existence_oracle(stack):
                 "/controlnode/firstboot", json={"bmc_ip": "10.96.9.9", "os_ip": "10.96.1.22"}, headers=headers
             ),
         )
+    # cloud-init's phone_home (token in the query): a wrong token and a missing job alike.
+    form = {"instance_id": "karios-x", "hostname": "h"}
+    for query in ("?token=not-the-token", ""):
+        same(
+            await c.post(f"/controlnode/job/{job}/phone-home{query}", data=form),
+            await c.post(f"/controlnode/job/{MISSING_JOB}/phone-home{query}", data=form),
+        )
     # The right token still works (the job is untouched by the attempts above).
     r = await c.post(f"/controlnode/job/{job}/step", json=step, headers={"X-Karios-Job-Token": token})
     assert r.status_code == 200, r.text
-    assert (await c.post(f"/controlnode/job/{job}/cancel", headers=ADMIN)).status_code == 200
+    # phone_home before the install completed: the job's state does not accept a first boot yet.
+    r = await c.post(f"/controlnode/job/{job}/phone-home?token={token}", data=form)
+    assert r.status_code == 409, r.text
+    # After /complete, cloud-init's phone_home is the first boot of a whole-disk image: same job,
+    # same token, the address /complete reported; what cloud-init posted is in the job's message.
+    h = {"X-Karios-Job-Token": token}
+    assert (
+        await c.post(f"/controlnode/job/{job}/complete", json={"os_ip": "10.96.1.22"}, headers=h)
+    ).is_success
+    form = {
+        "instance_id": f"karios-{job}",
+        "hostname": "fb-node",
+        "fqdn": "fb.example",
+        "pub_key_ed25519": "k",
+    }
+    r = await c.post(f"/controlnode/job/{job}/phone-home?token={token}", data=form)
+    assert r.status_code == 200 and r.json()["state"] == "completed", r.text
+    said = f"instance_id=karios-{job}, hostname=fb-node, fqdn=fb.example"
+    assert r.json()["message"] == f"first boot from 10.96.1.22: cloud-init phone_home ({said})", r.text
+    r = await c.get("/controlnode/nodes/10.96.1.22", headers=ADMIN)
+    assert r.status_code == 200 and r.json()["bmc_ip"] == BMCS[1], r.text
+    r = await c.post(f"/controlnode/job/{job}/phone-home?token={token}", data=form)  # once only
+    assert r.status_code == 409, r.text
 
     # The published contract documents 401/404/409 with the one error model.
     doc = (await c.get("/openapi.json")).json()
