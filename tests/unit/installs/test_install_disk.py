@@ -302,3 +302,28 @@ def test_a_disk_smaller_than_the_image_fails_before_writing(live_root: Path, tmp
     with loop(tmp_path / "big.img", 120 * MIB) as dev:
         res = _run_live(live_root, disk_functions(c) + FAIL + f"check_disk {dev}; echo fits")
     assert res.returncode == 0 and res.stdout.strip().endswith("fits"), res.stdout + res.stderr
+
+
+def test_a_catalog_root_archive_goes_through_the_root_install(tmp_path: Path) -> None:
+    """A catalog ``tar.zst`` keeps the pools and Karios's first-boot unit: install.sh with the
+    catalog's URL (no disk-size check: its installed size is unknown), no cloud-init seed."""
+    for d in ("vmlinuz", "live.img", "root.tar.zst"):
+        (tmp_path / "bookworm").mkdir(exist_ok=True)
+        (tmp_path / "bookworm" / d).write_bytes(b"x")
+    cfg = SimpleNamespace(
+        cache_dir=tmp_path, images_dir=tmp_path, mirror_host="", image_url="http://10.9.9.9:8081"
+    )
+    c = ctx(
+        image_name="golden",
+        image_path="catalog/golden.tar.zst",
+        image_format="tar.zst",
+        image_disk_bytes=0,
+        md_level=1,
+        disks=["sda", "sdb"],
+    )
+    medium = ImageMethod(cfg).medium(c)
+    run = medium.overlay["karios/run.sh"]
+    assert "IMAGE_URL=http://10.9.9.9:8081/images/catalog/golden.tar.zst" in run
+    assert "stream_root" in run and "ROOT_NEEDS=''" in run and "MD_LEVEL=1" in run
+    assert {"karios/firstboot.sh", "karios/firstboot.service"} <= set(medium.overlay)
+    assert not any(k.startswith("karios/cidata/") for k in medium.overlay)
