@@ -86,6 +86,11 @@ def test_retry_sends_the_same_request_again_without_secrets_and_asks_for_them():
     }
     assert r.needs_os_password and not r.needs_root_pass
     assert not any("pass" in k for k in r.body)
+    # A catalog image is asked for again too, and the job page names it as the OS.
+    image = request_view(image="debian-cloud", install_method="image", method="image")
+    again = views.retry_of(job(), image, OPERATOR)
+    assert again is not None and again.body["image"] == "debian-cloud"
+    assert views.job_facts(job(), image, actor="", role="", at="").os == "image debian-cloud"
 
 
 @pytest.mark.parametrize(

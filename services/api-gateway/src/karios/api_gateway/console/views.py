@@ -179,6 +179,7 @@ RETRY_FIELDS = (
     "selected_nic_mac",
     "ssh_authorized_keys",
     "install_method",
+    "image",
     "mirror",
     "http_proxy",
     "gpu_passthrough",
@@ -205,7 +206,7 @@ def job_facts(job: dict[str, Any], req: JobRequestView | None, actor: str, role:
     os = ""
     method = ""
     if req is not None and req.job_type == "provision":
-        os = f"Debian {req.debian_version}"
+        os = f"image {req.image}" if req.image else f"Debian {req.debian_version}"
         method = req.method or req.install_method
         if req.install_method and req.method and req.install_method != req.method:
             method = f"{req.method} (asked: {req.install_method})"
