@@ -127,7 +127,8 @@ async def complete(svc: CallbackPort, req: CallbackRequestV2) -> JobView:
     job = await svc.move(
         job.id,
         State.first_boot,
-        "OS installed; waiting for first boot",
+        # the installer's own words, if any (a whole-disk image says what writing it took)
+        "OS installed; waiting for first boot" + (f": {bound_message(req.message)}" if req.message else ""),
         os_ip=req.os_ip or job.os_ip,
         installed_at=now(),  # the token is now good for one /firstboot, nothing else
         guard=guard,
