@@ -1,6 +1,12 @@
 """Per-stage timeline of one image install booted in qemu (issue 25, item 5).
 
-    uv run python benchmarks/install_timeline.py [--disks 1] [--target 2] [--json out.json] [--keep]
+    uv run python benchmarks/install_timeline.py [--disks 1] [--os 12|13] [--cloud-image]
+                                                 [--target 2] [--json out.json] [--keep]
+
+``--os 13``: Karios's own Debian 13 image. ``--cloud-image``: the Debian cloud image the lab builds
+(tests/lab/cloudimage.py, qcow2 with cloud-init) registered in the catalog and installed as a
+whole-disk image to one disk; "Installing the base system" is then the image streamed, verified
+and written (curl | tee → sha256sum | zstd | dd), and first boot is cloud-init's phone_home.
 
 What runs: ``karios up`` (benchmarks/launch.py: a fresh database on ``KARIOS_BENCH_PG``, dropped at
 the end) with the image method and the lab's cached live images (tests/fixtures/installs.py builds
@@ -43,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 import httpx
 
 from benchmarks.launch import KariosUp
+from karios.common.contracts.provision import debian_suites
 from tests.fixtures.installs import SUITE, cached_live_images
 from tests.fixtures.provision import bmc_medium_url
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
@@ -154,9 +161,13 @@ async def install(
                 "vendor": "dell",
                 "hostname": "timeline-1",
                 "install_method": "image",
+                "debian_version": a.os,
                 "selected_disks": disks,
                 "os_password": "timeline-pw",
             }
+            if a.cloud_image:
+                body["image"] = await register_cloud_image(c, auth, tl)
+                pool = None
             if pool:
                 body["pool_type"] = pool
             tl.marks["post"] = time.monotonic()
@@ -183,13 +194,61 @@ async def install(
     return tl
 
 
+async def register_cloud_image(c: httpx.AsyncClient, auth: dict[str, str], tl: Timeline) -> str:
+    """The lab's cloud image registered in the catalog (served to the provisioner from here);
+    its name. The seconds it took are marked ``registered``."""
+    import functools
+    import hashlib
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.fixtures.installs import apt_proxy, lab_cache
+    from tests.lab import cloudimage
+
+    qcow2 = cloudimage.cached_cloud_image(lab_cache(), apt_proxy())
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(qcow2.parent))
+    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with open(qcow2, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        t0 = time.monotonic()
+        body = {
+            "name": "timeline-cloud",
+            "source_url": f"http://127.0.0.1:{server.server_address[1]}/{qcow2.name}",
+            "format": "qcow2",
+            "sha256": digest,
+            "os_family": "debian",
+        }
+        (await c.post("/controlnode/images", json=body, headers=auth)).raise_for_status()
+        while (view := (await c.get("/controlnode/images/timeline-cloud", headers=auth)).json())["state"] == (
+            "registering"
+        ):
+            await asyncio.sleep(0.5)
+        if view["state"] != "ready":
+            raise RuntimeError(f"the cloud image did not register: {view['message']}")
+        tl.marks["registered"] = time.monotonic() - t0
+        tl.marks["served_bytes"] = view["size_bytes"]
+        return "timeline-cloud"
+    finally:
+        server.shutdown()
+
+
 def report(tl: Timeline, archive: Path, a: argparse.Namespace) -> dict[str, Any]:
     end = tl.events[-1][1]
     if end != "job_completed":
         print(f"the job ended {end}: {tl.events[-1][2].get('message', '')}")
     rows = stage_rows(tl)
     on, post = tl.marks["vm_on"], tl.marks["post"]
-    print(f"\nimage install, {a.disks} disk(s), {archive.stat().st_size / 2**20:.0f} MiB root archive")
+    size = tl.marks.get("served_bytes") or archive.stat().st_size
+    if a.cloud_image:
+        print(
+            f"\ncatalog cloud image (whole disk), registered in {tl.marks['registered']:.1f} s, "
+            f"{size / 2**20:.0f} MiB raw.zst"
+        )
+    else:
+        print(f"\nimage install, Debian {a.os}, {a.disks} disk(s), {size / 2**20:.0f} MiB root archive")
     print(f"POST → booting (medium built, BMC reset): {tl.first('job_booting') - post:6.1f} s")
     print(f"{'stage':44} {'start':>8} {'length':>8}")
     for i, (label, start, length) in enumerate(rows):
@@ -201,7 +260,7 @@ def report(tl: Timeline, archive: Path, a: argparse.Namespace) -> dict[str, Any]
     if base and complete and first_report:
         installer = (complete - first_report) / base
         from_on = (complete - on) / base
-        mib_s = archive.stat().st_size / 2**20 / base
+        mib_s = size / 2**20 / base
         verdict = "PASS" if installer <= a.target else "FAIL"
         print(f"stream and write the image bytes (base system): {base:.1f} s ({mib_s:.1f} MiB/s compressed)")
         print(
@@ -216,6 +275,10 @@ def report(tl: Timeline, archive: Path, a: argparse.Namespace) -> dict[str, Any]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--disks", type=int, default=1, help="virtio disks (2: mirror, 3+: raidz1)")
+    ap.add_argument("--os", default="12", help="debian_version: 12 or 13 (Karios's own image)")
+    ap.add_argument(
+        "--cloud-image", action="store_true", help="install the lab's cloud image from the catalog"
+    )
     ap.add_argument("--target", type=float, default=2.0, help="complete / base-system, at most")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds for the install, at most")
     ap.add_argument("--json", type=Path, help="also write the table here")
@@ -234,7 +297,8 @@ def main() -> None:
             emu.stop()
             if not a.keep:
                 shutil.rmtree(work, ignore_errors=True)
-    out = report(tl, images.images_dir / SUITE / "root.tar.zst", a)
+    suite = debian_suites().get(a.os, SUITE)
+    out = report(tl, images.images_dir / suite / "root.tar.zst", a)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
 
