@@ -81,6 +81,13 @@ def test_a_whole_disk_image_goes_to_one_disk_that_holds_it_and_its_seed() -> Non
     check_catalog_image(spec(), view(), {})  # no disk named: the first disk, checked by the live env
 
 
+def test_a_whole_disk_image_keeps_its_own_kernel_arguments() -> None:
+    f, msg = field_of(check_catalog_image, spec(gpu_passthrough=True), view(), {})
+    assert f == "gpu_passthrough" and "its own boot loader" in msg
+    archive = view(format="tar.zst", served_format="tar.zst", whole_disk=False, disk_bytes=0)
+    check_catalog_image(spec(gpu_passthrough=True), archive, {})  # a root archive gets Karios's GRUB
+
+
 def test_a_root_archive_keeps_every_pool_type() -> None:
     archive = view(format="tar.zst", served_format="tar.zst", whole_disk=False, disk_bytes=0)
     check_catalog_image(spec(pool_type="raidz2", selected_disks=["a", "b", "c", "d"]), archive, {})

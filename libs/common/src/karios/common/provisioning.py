@@ -127,6 +127,12 @@ def check_catalog_image(
         raise ValidationFailed(f"image: {view.name} is {view.state}, not ready{why}", field="image")
     if not view.whole_disk:
         return
+    if gpu_kernel_args(spec.gpu_passthrough):
+        raise ValidationFailed(
+            f"gpu_passthrough: {view.name} is a whole-disk image with its own boot loader; Karios does not "
+            "change its kernel arguments (set them in the image, or install a root archive)",
+            field="gpu_passthrough",
+        )
     if (spec.pool_type or "single") != "single" or len(spec.selected_disks) > 1:
         raise ValidationFailed(
             f"pool_type: {view.name} is a whole-disk image, written as it is to one disk: pool_type single "
