@@ -337,4 +337,5 @@ def test_the_medium_carries_the_images_size(tmp_path: Path) -> None:
     (suite / "root.json").write_text('{"installed_bytes": 838860800}')
     script = run_sh()
     assert f"ROOT_NEEDS={root_needs(800 * MIB)}" in script and "INSTALLED_BYTES=838860800" in script
-    assert script.index("check_space $DISKS") < script.index("sgdisk --zap-all")  # before a byte is written
+    # the size is checked before a byte is written
+    assert script.index("check_space $DISKS") < script.index("sfdisk -q --wipe always")
