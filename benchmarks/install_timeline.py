@@ -195,44 +195,19 @@ async def install(
 
 
 async def register_cloud_image(c: httpx.AsyncClient, auth: dict[str, str], tl: Timeline) -> str:
-    """The lab's cloud image registered in the catalog (served to the provisioner from here);
-    its name. The seconds it took are marked ``registered``."""
-    import functools
-    import hashlib
-    import threading
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-
-    from tests.fixtures.installs import apt_proxy, lab_cache
+    """The lab's cloud image registered in the catalog; its name. Marks ``registered`` (seconds)
+    and ``served_bytes``."""
+    from tests.fixtures.installs import apt_proxy, lab_cache, register_qcow2
     from tests.lab import cloudimage
 
     qcow2 = cloudimage.cached_cloud_image(lab_cache(), apt_proxy())
-    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(qcow2.parent))
-    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with open(qcow2, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
-        t0 = time.monotonic()
-        body = {
-            "name": "timeline-cloud",
-            "source_url": f"http://127.0.0.1:{server.server_address[1]}/{qcow2.name}",
-            "format": "qcow2",
-            "sha256": digest,
-            "os_family": "debian",
-        }
-        (await c.post("/controlnode/images", json=body, headers=auth)).raise_for_status()
-        while (view := (await c.get("/controlnode/images/timeline-cloud", headers=auth)).json())["state"] == (
-            "registering"
-        ):
-            await asyncio.sleep(0.5)
-        if view["state"] != "ready":
-            raise RuntimeError(f"the cloud image did not register: {view['message']}")
-        tl.marks["registered"] = time.monotonic() - t0
-        tl.marks["served_bytes"] = view["size_bytes"]
-        return "timeline-cloud"
-    finally:
-        server.shutdown()
+    t0 = time.monotonic()
+    view = await register_qcow2(c, auth, "timeline-cloud", qcow2)
+    if view["state"] != "ready":
+        raise RuntimeError(f"the cloud image did not register: {view['message']}")
+    tl.marks["registered"] = time.monotonic() - t0
+    tl.marks["served_bytes"] = view["size_bytes"]
+    return "timeline-cloud"
 
 
 def report(tl: Timeline, archive: Path, a: argparse.Namespace) -> dict[str, Any]:

@@ -107,7 +107,8 @@ def _run(*argv: str, **kw: object) -> None:
 
 
 @contextlib.contextmanager
-def _loop(img: Path) -> Iterator[str]:
+def loop_device(img: Path) -> Iterator[str]:
+    """``img`` attached as a loop device with its partitions scanned (root); detached after."""
     dev = subprocess.run(
         ["losetup", "-f", "--show", "-P", str(img)], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -144,7 +145,7 @@ def build(out: Path, proxy: str = "") -> Path:
         raw = t / "disk.raw"
         with open(raw, "wb") as f:
             f.truncate(DISK_BYTES)
-        with _loop(raw) as dev:
+        with loop_device(raw) as dev:
             _run("sgdisk", "-n1:0:+1M", "-t1:ef02", "-n2:0:+64M", "-t2:ef00", "-n3:0:0", "-t3:8300", dev)
             subprocess.run(["partx", "-u", dev], capture_output=True)
             for _ in range(50):  # devtmpfs makes the partitions' nodes a moment later

@@ -20,15 +20,11 @@ events.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import os
 import re
-import threading
 import time
 import uuid
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import asyncssh
@@ -37,10 +33,9 @@ import pytest
 import yaml
 
 from tests.fixtures.apps import ADMIN, REQUIRE
-from tests.fixtures.installs import INSTALL_BMC, apt_proxy, lab_cache, start_install_stack
+from tests.fixtures.installs import INSTALL_BMC, apt_proxy, lab_cache, register_qcow2, start_install_stack
 from tests.fixtures.provision import bmc_medium_url, wait_bmc_clean, wait_job
 from tests.fixtures.sse import open_sse
-from tests.fixtures.wait import wait_until
 from tests.lab import cloudimage
 from tests.lab.vm import GUEST_IP, VM, Disk, free_port
 
@@ -86,36 +81,8 @@ async def cloud_stack(settings, serve, live_images, tmp_path_factory):  # type: 
         yield st
 
 
-def serve_dir(d: Path) -> tuple[ThreadingHTTPServer, str]:
-    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(d))
-    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
-
-
 async def register(c: httpx.AsyncClient, name: str, qcow2: Path) -> dict:
-    server, base = serve_dir(qcow2.parent)
-    try:
-        with open(qcow2, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
-        body = {
-            "name": name,
-            "source_url": f"{base}/{qcow2.name}",
-            "format": "qcow2",
-            "sha256": digest,
-            "os_family": "debian",
-        }
-        r = await c.post("/controlnode/images", json=body, headers=ADMIN)
-        assert r.status_code == 202, r.text
-
-        async def settled() -> dict | None:
-            view = (await c.get(f"/controlnode/images/{name}", headers=ADMIN)).json()
-            return view if view["state"] != "registering" else None
-
-        view = await wait_until(settled, timeout=600, interval=1, what=f"image {name} registered")
-    finally:
-        server.shutdown()
+    view = await register_qcow2(c, ADMIN, name, qcow2)
     assert view["state"] == "ready", view
     assert view["whole_disk"] and view["served_format"] == "raw.zst"
     assert view["disk_bytes"] == cloudimage.DISK_BYTES

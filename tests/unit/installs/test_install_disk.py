@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -33,6 +34,7 @@ from karios.provisioner.install.image import ImageMethod
 from karios.provisioner.install.image.cloudinit import LIVE_NIC_MAC, SEED_MIB, phone_home_url, seed_files
 from tests.fixtures.apps import REQUIRE
 from tests.fixtures.installs import LIVE_PATH, in_live
+from tests.lab.cloudimage import loop_device
 from tests.unit.installs.test_install_live import CuttingServer
 
 MIB = 1 << 20
@@ -174,15 +176,11 @@ def _need_root_tools() -> None:
 
 @contextlib.contextmanager
 def loop(img: Path, size: int) -> Iterator[str]:
+    """A sparse file of ``size`` bytes as a loop device."""
     with open(img, "wb") as f:
         f.truncate(size)
-    dev = subprocess.run(
-        ["losetup", "-f", "--show", "-P", str(img)], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    try:
+    with loop_device(img) as dev:
         yield dev
-    finally:
-        subprocess.run(["losetup", "-d", dev], capture_output=True)
 
 
 def _sh(*argv: str, stderr: int = subprocess.PIPE) -> str:
@@ -191,8 +189,6 @@ def _sh(*argv: str, stderr: int = subprocess.PIPE) -> str:
 
 def partitions(dev: str) -> dict[int, dict]:
     """``sfdisk --json`` of ``dev``: partition number → its fields."""
-    import json
-
     table = json.loads(_sh("sfdisk", "--json", dev))["partitiontable"]["partitions"]
     return {int(p["node"].rsplit("p", 1)[1]): p for p in table}
 

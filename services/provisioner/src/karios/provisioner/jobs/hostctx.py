@@ -69,9 +69,14 @@ def _callback_base(cfg: ProvisionerConfig, cmd: StartProvision) -> str:
     return f"{base}/controlnode"
 
 
+def _served_at(cfg: ProvisionerConfig, path: str) -> str:
+    """Where targets fetch ``/images/<path>`` (the image URL setting, else the media URL)."""
+    return f"{(cfg.image_url or cfg.media_url).rstrip('/')}/images/{path}"
+
+
 def _image_url(cfg: ProvisionerConfig, method: InstallMethod, suite: str) -> str:
     path = getattr(method, "image_path", None)
-    return f"{(cfg.image_url or cfg.media_url).rstrip('/')}/images/{path(suite)}" if path else ""
+    return _served_at(cfg, path(suite)) if path else ""
 
 
 def _catalog_image(cfg: ProvisionerConfig, image: ImageView | None) -> dict[str, Any]:
@@ -81,7 +86,7 @@ def _catalog_image(cfg: ProvisionerConfig, image: ImageView | None) -> dict[str,
     return {
         "image_name": image.name,
         "image_path": image.path,
-        "image_url": f"{(cfg.image_url or cfg.media_url).rstrip('/')}/images/{image.path}",
+        "image_url": _served_at(cfg, image.path),
         "image_format": image.served_format,
         "image_sha256": image.served_sha256,
         "image_disk_bytes": image.disk_bytes,
