@@ -84,6 +84,20 @@ REGISTER_CASES = [
     ("os_hostname with NUL", {"bmc_ip": "10.0.0.9", "os_hostname": "mgmt\u000001"}, "os_hostname"),
     ("atlas_device_id over int4", {"bmc_ip": "10.0.0.9", "atlas_device_id": 2147483648}, "atlas_device_id"),
     ("a 900 KB hostname", {"bmc_ip": "10.0.0.9", "os_hostname": "h" * 900_000}, "os_hostname"),
+    # Found by the stateful fuzzer: asyncssh SASLpreps the user name and password before it
+    # connects, so the fabric diff of such a node answered 500. Refused where they come in.
+    ("os_username SSH cannot send", {"bmc_ip": "10.0.0.9", "os_username": "ro\x11ot"}, "os_username"),
+    ("os_username unassigned", {"bmc_ip": "10.0.0.9", "os_username": "\U0006b3ea"}, "os_username"),
+    (
+        "os_password with a control character",
+        {"bmc_ip": "10.0.0.9", "os_password": "pa\x11ss"},
+        "os_password",
+    ),
+    (
+        "os_password unassigned in Unicode 3.2",
+        {"bmc_ip": "10.0.0.9", "os_password": "\U0006b3ea"},
+        "os_password",
+    ),
 ]
 
 
@@ -110,6 +124,7 @@ PROVISION_CASES = [
     ("a 65-character parent_id", {"parent_id": "p" * 65}, "parent_id"),
     ("a scoped IPv6 bmc_IP longer than its column", {"bmc_IP": SCOPED}, "bmc_IP"),
     ("a 33-character vendor", {"vendor": "v" * 33}, "vendor"),
+    ("an os_password SSH cannot send", {"os_password": "pa\x07ss"}, "os_password"),
 ]
 
 
@@ -121,6 +136,24 @@ async def test_provision_refuses_with_the_field(gw, settings, case, extra, field
     assert r.status_code == 422, r.text
     assert _field(r) == field, r.text
     assert await _rows(settings.database_url) == before
+
+
+@pytest.mark.parametrize("name", ["actor", "action", "target", "since", "until"])
+async def test_audit_filter_with_a_nul_is_422_naming_it(gw, name):
+    """Found by the stateful fuzzer: PostgreSQL text holds no NUL, the query answered 500."""
+    r = await gw.get("/controlnode/audit", params={name: "x\x00y"}, headers=ADMIN)
+    assert r.status_code == 422 and _field(r) == name, r.text
+
+
+def test_a_refused_password_is_never_echoed():
+    """The 422 says why, not what: a password's characters are not in the message."""
+    from karios.common.devicetext import ssh_password_problem
+
+    secret = "s3cr\x11t-\U0006b3ea"
+    problem = ssh_password_problem(secret)
+    assert problem and "SASLprep" in problem
+    assert not any(ch in problem for ch in ("\x11", "\U0006b3ea", "s3cr"))
+    assert ssh_password_problem("ünïcødé pässwörd 42!") is None  # assigned characters pass
 
 
 async def test_non_ascii_last_event_id_is_treated_as_absent(gw):
@@ -173,6 +206,7 @@ CALLBACK_CASES = [
         "percent",
     ),
     ("step with an unknown field", "step", {"step": "network", "state": "done", "extra": 1}, "extra"),
+    ("complete with an os_password SSH cannot send", "complete", {"os_password": "\x1b[0m"}, "os_password"),
 ]
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, StringConstraints
 
+from karios.common.devicetext import check_ssh_password, check_username
 from karios.common.netaddr import normalize_ip
 
 #: Longest stored address (``varchar(64)`` columns: bmc_ip, node_ip, os_ip …).
@@ -65,6 +66,15 @@ Label = Annotated[str, StringConstraints(max_length=LABEL_MAX), AfterValidator(c
 Ident = Annotated[str, StringConstraints(max_length=ID_MAX), AfterValidator(check_text)]
 #: A secret before encryption.
 Secret = Annotated[str, StringConstraints(max_length=SECRET_MAX), AfterValidator(check_text)]
+#: A password Karios logs in with over SSH (SASLprep must take it: ``check_ssh_password``).
+SshPassword = Annotated[
+    str,
+    StringConstraints(max_length=SECRET_MAX),
+    AfterValidator(check_text),
+    AfterValidator(check_ssh_password),
+]
+#: A Linux login name (``check_username``: useradd's grammar, at most 32 characters).
+LoginName = Annotated[str, StringConstraints(max_length=NAME_MAX), AfterValidator(check_username)]
 #: A secret after encryption (SecretBox text; the columns are unbounded ``varchar``).
 Ciphertext = Annotated[str, StringConstraints(max_length=CIPHERTEXT_MAX), AfterValidator(check_text)]
 #: What the published schema says of an address, so generated data (and a UI) gets the form.

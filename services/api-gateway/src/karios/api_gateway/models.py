@@ -21,6 +21,7 @@ from karios.common.limits import (
     Name,
     SafeText,
     Secret,
+    SshPassword,
     Text,
     Vendor,
 )
@@ -65,8 +66,8 @@ class ProvisionRequest(BaseModel):
     debian_version: Text = PField("12", description="12/bookworm or 13/trixie (the OS catalog's releases)")
     arch: Text = PField("amd64", description="Only amd64 media are built")
     os_username: Name = PField("debian", description="OS user created by the installer (a Linux user name)")
-    os_password: Secret | None = PField(
-        None, description="OS password (default adminadmin); stored hashed only"
+    os_password: SshPassword | None = PField(
+        None, description="OS password (default adminadmin); Karios logs in with it over SSH"
     )
     root_pass: Secret | None = PField(None, description="Root password; root login disabled when unset")
     selected_disks: list[Name] = PField(
@@ -152,7 +153,7 @@ class StepBody(BaseModel):
 class CompleteBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     os_ip: IPText = ""
-    os_password: Secret | None = None
+    os_password: SshPassword | None = None
     message: SafeText | None = PField(
         None, max_length=16384, description="Summary (e.g. a wipe's per-disk results; first 1 KB kept)"
     )

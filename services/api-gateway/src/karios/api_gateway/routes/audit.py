@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from karios.api_gateway.audit import AuditQuery, AuditRecord, parse_since, query_audit
 from karios.api_gateway.auth import Principal, Role, require
 from karios.common.http import ErrorResponse
+from karios.common.limits import SafeText
 
 router = APIRouter(prefix="/controlnode", tags=["audit"])
 
@@ -75,19 +76,25 @@ def _entry(r: AuditRecord) -> AuditEntry:
 )
 async def audit(
     request: Request,
-    since: str | None = Query(
+    since: SafeText | None = Query(
         None, max_length=64, description="Records at or after: ISO 8601 time or an age (30m, 2h, 7d)"
     ),
-    until: str | None = Query(None, max_length=64, description="Records before: ISO 8601 time or an age"),
-    actor: str | None = Query(None, max_length=200, description="Token name (`unknown`: refused tokens)"),
-    action: str | None = Query(
+    until: SafeText | None = Query(
+        None, max_length=64, description="Records before: ISO 8601 time or an age"
+    ),
+    actor: SafeText | None = Query(
+        None, max_length=200, description="Token name (`unknown`: refused tokens)"
+    ),
+    action: SafeText | None = Query(
         None,
         max_length=300,
         description="A method (DELETE), part of a route template (tokens), or both "
         "(`POST /controlnode/provision`)",
     ),
     method: str | None = Query(None, pattern=r"^(?i:post|put|patch|delete)$", description="HTTP method"),
-    target: str | None = Query(None, max_length=200, description="BMC IP, job id, node IP or token name"),
+    target: SafeText | None = Query(
+        None, max_length=200, description="BMC IP, job id, node IP or token name"
+    ),
     status: int | None = Query(None, ge=100, le=599, description="HTTP status of the answer"),
     before: int | None = Query(
         None, ge=1, le=2**63 - 1, description="Only records older than this id (paging)"

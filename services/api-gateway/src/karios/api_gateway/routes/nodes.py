@@ -27,7 +27,7 @@ from karios.common.crypto import SecretBox
 from karios.common.devicetext import check_hostname, check_username
 from karios.common.errors import ValidationFailed
 from karios.common.http import ErrorResponse
-from karios.common.limits import IP_MAX, IP_SCHEMA, BoundedIP, HostName, Name, OptBoundedIP, Secret, Text
+from karios.common.limits import IP_MAX, IP_SCHEMA, BoundedIP, HostName, Name, OptBoundedIP, SshPassword, Text
 from karios.common.netaddr import host_address_problem, normalize_ip
 
 router = APIRouter(prefix="/controlnode", tags=["nodes"])
@@ -50,7 +50,9 @@ class AdoptRequest(BaseModel):
 
     node_ip: BoundedIP = Field(description="OS (SSH) address of the installed node; the key of the node")
     ssh_username: Name = Field("root", description="SSH user (the fabric needs root or passwordless sudo)")
-    ssh_password: Secret | None = Field(None, description="SSH password (write-only; encrypted at rest)")
+    ssh_password: SshPassword | None = Field(
+        None, description="SSH password (write-only; encrypted at rest; SASLprep must take it)"
+    )
     ssh_private_key: Text | None = Field(
         None, description="Unencrypted OpenSSH/PEM private key (write-only; encrypted at rest)"
     )

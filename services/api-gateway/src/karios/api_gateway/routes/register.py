@@ -9,7 +9,17 @@ from karios.api_gateway.auth import Principal, Role, require
 from karios.common.contracts.inventory import RegisterNode, RegisterNodeResult
 from karios.common.crypto import SecretBox
 from karios.common.errors import ServiceUnavailable
-from karios.common.limits import BoundedIP, HostName, Int32Id, Name, OptBoundedIP, Secret, Vendor
+from karios.common.limits import (
+    BoundedIP,
+    HostName,
+    Int32Id,
+    LoginName,
+    Name,
+    OptBoundedIP,
+    Secret,
+    SshPassword,
+    Vendor,
+)
 from karios.common.netaddr import OptMacStr
 
 router = APIRouter(prefix="/controlnode", tags=["nodes"])
@@ -24,8 +34,10 @@ class RegisterRequest(BaseModel):
     os_hostname: HostName | None = Field(None, description="Hostname, e.g. mgmt-01")
     fqdn: HostName | None = Field(None, description="Fully qualified domain name")
     os_ip: OptBoundedIP = Field(None, description="OS IP address")
-    os_username: Name | None = Field(None, description="SSH username (default root)")
-    os_password: Secret | None = Field(None, description="SSH password (write-only; encrypted at rest)")
+    os_username: LoginName | None = Field(None, description="SSH username (default root)")
+    os_password: SshPassword | None = Field(
+        None, description="SSH password (write-only; encrypted at rest; SASLprep must take it)"
+    )
     primary_mac: OptMacStr = Field(None, description="Primary NIC MAC")
     serial_number: Name | None = Field(None, description="Serial number, used as UUID")
     vendor: Vendor | None = Field(None, description="Hardware vendor")

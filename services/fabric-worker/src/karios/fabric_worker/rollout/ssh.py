@@ -12,7 +12,9 @@ import weakref
 from collections.abc import AsyncIterator, Iterable
 
 import asyncssh
+from asyncssh.saslprep import SASLPrepError, saslprep
 
+from karios.common.devicetext import ssh_password_problem
 from karios.fabric_worker.rollout.errors import HostKeyChanged, NodeCommandFailed, NodeUnreachable
 from karios.fabric_worker.rollout.intent import NodeTarget
 
@@ -138,11 +140,25 @@ async def _connect(target: NodeTarget, keys: list, connect_timeout: float) -> as
     )
 
 
+def _check_login(target: NodeTarget) -> None:
+    """A stored user name or password SSH cannot send (asyncssh SASLpreps both; the API refuses
+    them since the gateway fuzzer found a 500, older rows may hold one): unreachable, saying so."""
+    try:
+        saslprep(target.username)
+    except SASLPrepError:
+        raise NodeUnreachable(
+            f"{target.label}: the stored SSH user name cannot be sent by SSH (SASLprep, RFC 4013)"
+        ) from None
+    if target.password is not None and (problem := ssh_password_problem(target.password.get_secret_value())):
+        raise NodeUnreachable(f"{target.label}: the stored SSH password: {problem}")
+
+
 @contextlib.asynccontextmanager
 async def open_session(
     target: NodeTarget, *, connect_timeout: float = 10.0, secrets: list[str] | None = None
 ) -> AsyncIterator[NodeSession]:
     """Connect to `target`; raises NodeUnreachable or HostKeyChanged (nothing ran on the node)."""
+    _check_login(target)
     keys = []
     if target.private_key is not None:
         try:
