@@ -1,6 +1,6 @@
 """Per-stage timeline of one image install booted in qemu (issue 25, item 5).
 
-    uv run python benchmarks/install_timeline.py [--disks 1] [--os 12|13] [--cloud-image]
+    uv run python benchmarks/install_timeline.py [--disks 1] [--backend zfs|md] [--os 12|13] [--cloud-image]
                                                  [--target 2] [--json out.json] [--keep]
 
 ``--os 13``: Karios's own Debian 13 image. ``--cloud-image``: the Debian cloud image the lab builds
@@ -12,9 +12,9 @@ What runs: ``karios up`` (benchmarks/launch.py: a fresh database on ``KARIOS_BEN
 the end) with the image method and the lab's cached live images (tests/fixtures/installs.py builds
 them when missing: minutes), one emulated BMC (sushy-tools, tests/lab/redfish_lab.py), and the
 medium Karios built for the job booted by its ISO in qemu (TCG, one core, as the VM tests do) with
-``--disks`` virtio disks (``pool_type: mirror`` for two, ``raidz1`` (md RAID5) for three or
-more). The VM reaches the gateway at 10.0.2.100:8080 and the provisioner at 10.0.2.101:8081
-(guestfwd to the services' ports). Needs qemu and the built images.
+``--disks`` virtio disks (``pool_type: mirror`` for two, ``raidz1`` for three or more; a ZFS
+pool unless ``--backend md``: md RAID1/RAID5). The VM reaches the gateway at 10.0.2.100:8080 and
+the provisioner at 10.0.2.101:8081 (guestfwd to the services' ports). Needs qemu and the built images.
 
 Every ``provision`` event of the job is read from the gateway's SSE stream as it arrives; the
 table is each stage's start (seconds since the VM was powered on) and length. A stage lasts
@@ -170,6 +170,8 @@ async def install(
                 pool = None
             if pool:
                 body["pool_type"] = pool
+            if a.backend and not a.cloud_image:
+                body["pool_backend"] = a.backend
             tl.marks["post"] = time.monotonic()
             r = await c.post("/controlnode/provision", json=body, headers=auth)
             r.raise_for_status()
@@ -250,6 +252,9 @@ def report(tl: Timeline, archive: Path, a: argparse.Namespace) -> dict[str, Any]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--disks", type=int, default=1, help="virtio disks (2: mirror, 3+: raidz1)")
+    ap.add_argument(
+        "--backend", choices=("zfs", "md"), help="pool_backend (default: Karios's: zfs for 2+ disks)"
+    )
     ap.add_argument("--os", default="12", help="debian_version: 12 or 13 (Karios's own image)")
     ap.add_argument(
         "--cloud-image", action="store_true", help="install the lab's cloud image from the catalog"

@@ -3,7 +3,8 @@
 Provision **Debian 13** (``debian_version: "13"``: Karios's own trixie image and live environment;
 the other VM tests install Debian 12) on the Redfish emulator through the gateway, boot the ISO
 Karios built (downloaded from the provisioner's ``/media/{job}.iso``) in qemu with two virtio disks
-and ``pool_type: mirror``, follow SSE: every install stage arrives in order with its percent, the VM
+and ``pool_type: mirror`` as md RAID1 (``pool_backend: md``; ZFS, the default, is
+``test_zfs_install.py``), follow SSE: every install stage arrives in order with its percent, the VM
 reboots from its disks into Debian 13 (BIOS), the first-boot callback completes the job with the
 node's IP and registers the node, and the installed system has the md RAID1 root, the hostname, the
 serial console and the SSH key asked for (checked over SSH with that key). Then the same disks boot
@@ -52,6 +53,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
                 "os_password": password,
                 "selected_disks": ["vda", "vdb"],
                 "pool_type": "mirror",
+                "pool_backend": "md",  # ZFS is the default: test_zfs_install.py
                 "install_method": "image",
                 "ssh_authorized_keys": [public],
             },

@@ -12,7 +12,7 @@ import httpx
 import yaml
 
 from karios.api_gateway.app import create_app as gateway_app
-from karios.common.provisioning import DISK_OVERHEAD, MIB, root_needs
+from karios.common.provisioning import DISK_OVERHEAD, MIB, ZFS_DISK_OVERHEAD, root_needs
 from karios.inventory.app import create_app as inventory_app
 from karios.provisioner.app import create_app as provisioner_app
 from karios.provisioner.config import ProvisionerConfig
@@ -75,7 +75,8 @@ async def test_an_image_larger_than_the_selected_disks_is_a_422(settings, serve,
                 (["sda", "sdb", "sdc"], "raidz1", 2 * usable_1gb, "raidz1 of sda, sdb, sdc gives 1.4 GiB"),
                 (["sda", "sdb", "sdc", "nvme0n1"], "raidz2", 2 * usable_1gb, "(n-2) x the smallest disk"),
             ):
-                r = await c.post("/controlnode/provision/dell", json=_body(SMALL, disks, pool), headers=ADMIN)
+                body = _body(SMALL, disks, pool, pool_backend="md")
+                r = await c.post("/controlnode/provision/dell", json=body, headers=ADMIN)
                 assert r.status_code == 422, r.text
                 err = r.json()
                 assert err["field"] == "selected_disks", err
@@ -86,7 +87,19 @@ async def test_an_image_larger_than_the_selected_disks_is_a_422(settings, serve,
                 assert err["details"]["needed_bytes"] == need, err
                 assert err["details"]["available_bytes"] == available, err
                 assert err["details"]["installed_bytes"] == INSTALLED, err
-            # A stripe over all five disks has room (4 × 0.7 + 3.7 GiB): accepted.
+            # ZFS (the default for a pool): each disk gives its /boot partition too.
+            r = await c.post(
+                "/controlnode/provision/dell",
+                json=_body(SMALL, ["sda", "sdb", "sdc"], "raidz1"),
+                headers=ADMIN,
+            )
+            assert r.status_code == 422, r.text
+            err = r.json()
+            assert "a ZFS raidz1 of sda, sdb, sdc gives 0.4 GiB" in err["message"], err
+            assert "each disk less 770 MiB" in err["message"], err
+            assert err["details"]["available_bytes"] == 2 * (10**9 - ZFS_DISK_OVERHEAD), err
+            assert err["details"]["pool_backend"] == "zfs", err
+            # A stripe over all five disks has room (4 × 0.2 + 3.0 GiB as ZFS): accepted.
             r = await c.post(
                 "/controlnode/provision/dell",
                 json=_body(SMALL, ["sda", "sdb", "sdc", "sdd", "nvme0n1"], "stripe"),

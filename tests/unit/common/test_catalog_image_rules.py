@@ -91,3 +91,13 @@ def test_a_whole_disk_image_keeps_its_own_kernel_arguments() -> None:
 def test_a_root_archive_keeps_every_pool_type() -> None:
     archive = view(format="tar.zst", served_format="tar.zst", whole_disk=False, disk_bytes=0)
     check_catalog_image(spec(pool_type="raidz2", selected_disks=["a", "b", "c", "d"]), archive, {})
+
+
+def test_a_catalog_image_is_not_put_on_zfs():
+    """pool_backend zfs needs Karios's own image (its initramfs imports the pool)."""
+    archive = view(whole_disk=False, format="tar.zst", served_format="tar.zst", disk_bytes=0)
+    mirror = {"selected_disks": ["sda", "sdb"], "pool_type": "mirror"}
+    assert field_of(check_catalog_image, spec(**mirror, pool_backend="zfs"), archive, {})[0] == "pool_backend"
+    check_catalog_image(spec(**mirror), archive, {})  # the default for a root archive: md
+    one = {"selected_disks": ["sda"], "pool_backend": "zfs"}
+    assert field_of(check_catalog_image, spec(**one), view(), {})[0] == "pool_backend"  # whole disk

@@ -76,6 +76,23 @@ def test_install_script_single_disk_has_no_array(tmp_path: Path) -> None:
     assert "MD_LEVEL=''" in script
 
 
+def test_install_script_zfs_backend(tmp_path: Path) -> None:
+    """pool_backend zfs: four partitions a disk, /boot md RAID1 (metadata at the end: GRUB and
+    firmware read each member as ext4), the pool of the 4th partitions as the vdev asked, the root
+    a dataset, the pool exported at the end; the ZFS /boot counted in the disk overhead."""
+    ctx = _ctx(disks=["/dev/vda", "/dev/vdb", "/dev/vdc"], md_level=5, pool_backend="zfs", zfs_vdev="raidz1")
+    script = ImageMethod(_cfg(tmp_path)).render_install_script(ctx, installed_bytes=600 << 20)
+    _sh_ok(script)
+    assert "POOL_BACKEND=zfs" in script and "ZFS_VDEV=raidz1" in script
+    assert f"DISK_OVERHEAD={(258 + 512) << 20}" in script
+    assert "POOL_WORDS='a ZFS raidz1'" in script
+    assert '-R $T "$ZFS_POOL" $ZFS_VDEV "$@"' in script
+    assert "--metadata=1.0" in script and 'zpool export "$ZFS_POOL"' in script
+    assert 'ROOT_ARG="root=ZFS=$ZFS_ROOT"' in script
+    md = ImageMethod(_cfg(tmp_path)).render_install_script(_ctx(), installed_bytes=600 << 20)
+    assert "POOL_BACKEND=md" in md and f"DISK_OVERHEAD={258 << 20}" in md and "POOL_WORDS=RAID1" in md
+
+
 def test_install_needs_image_url(tmp_path: Path) -> None:
     with pytest.raises(PermanentFailure, match="image_url"):
         ImageMethod(_cfg(tmp_path)).render_install_script(_ctx(image_url=""))

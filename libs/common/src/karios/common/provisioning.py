@@ -85,16 +85,63 @@ POOL_RULES = {
 }
 
 
+#: How the image method builds a pool (``pool_backend``). ``zfs``: an OpenZFS pool, the root a
+#: dataset of it, ``/boot`` ext4 on a partition of every disk (md RAID1 across them when there are
+#: several: GRUB reads it under BIOS and UEFI without a ZFS driver). ``md``: Linux md RAID
+#: (``single``: a plain ext4 partition).
+POOL_BACKENDS = ("zfs", "md")
+#: pool_type → its ZFS vdev keyword ("": the disks side by side, as ``single`` and ``stripe``).
+ZFS_VDEVS = {"single": "", "stripe": "", "mirror": "mirror", "raidz1": "raidz1", "raidz2": "raidz2"}
+#: The ``/boot`` partition a ZFS pool's disks each give (kernels and initramfs images).
+ZFS_BOOT_MIB = 512
+ZFS_DISK_OVERHEAD = DISK_OVERHEAD + ZFS_BOOT_MIB * MIB
+
+
+def resolve_pool_backend(
+    requested: str | None, pool_type: str | None, method: str | None, *, catalog_archive: bool = False
+) -> str:
+    """The pool backend a job uses: the request's, else ``zfs`` for a pool of several disks
+    (the seed's ZFS vocabulary) on Karios's own image, ``md`` otherwise. ``zfs`` is refused
+    (422 ``pool_backend``) where nothing could build or boot it: the Debian installer, and a
+    catalog root archive (its initramfs is not known to import a pool)."""
+    name = (requested or "").lower()
+    if name and name not in POOL_BACKENDS:
+        raise ValidationFailed(
+            f"pool_backend: {requested!r} is not one of {', '.join(POOL_BACKENDS)}", field="pool_backend"
+        )
+    if name == "zfs" and method == "preseed":
+        raise ValidationFailed(
+            "pool_backend: zfs is built by the image method (the Debian installer makes md RAID): "
+            "leave install_method out or say image, or ask for pool_backend md",
+            field="pool_backend",
+        )
+    if name == "zfs" and catalog_archive:
+        raise ValidationFailed(
+            "pool_backend: a ZFS root needs an initramfs that imports the pool, which Karios's own "
+            "image has; a catalog root archive is installed with pool_backend md",
+            field="pool_backend",
+        )
+    if name:
+        return name
+    several = (pool_type or "single").lower() != "single"
+    return "zfs" if several and method in (None, "image") and not catalog_archive else "md"
+
+
+def disk_overhead(backend: str) -> int:
+    """What each selected disk gives up before the root with this backend."""
+    return ZFS_DISK_OVERHEAD if backend == "zfs" else DISK_OVERHEAD
+
+
 def root_needs(installed_bytes: int) -> int:
     """Bytes the root filesystem needs for an image of ``installed_bytes`` (with the margin)."""
     return installed_bytes + installed_bytes * MARGIN_PERCENT // 100 + MARGIN_BYTES
 
 
-def pool_capacity(pool_type: str | None, disk_bytes: list[int]) -> int:
+def pool_capacity(pool_type: str | None, disk_bytes: list[int], overhead: int = DISK_OVERHEAD) -> int:
     """Room for the root that ``disk_bytes`` (in order) give as ``pool_type``: each disk less
-    :data:`DISK_OVERHEAD`, then mirror → smallest, stripe → sum, raidz1 → (n-1) × smallest,
-    raidz2 → (n-2) × smallest, single → the first disk."""
-    usable = [max(0, b - DISK_OVERHEAD) for b in disk_bytes]
+    ``overhead`` (:func:`disk_overhead`), then mirror → smallest, stripe → sum, raidz1 → (n-1) ×
+    smallest, raidz2 → (n-2) × smallest, single → the first disk (md RAID and ZFS alike)."""
+    usable = [max(0, b - overhead) for b in disk_bytes]
     if not usable:
         return 0
     name = (pool_type or "single").lower()
@@ -126,7 +173,13 @@ def check_catalog_image(
         why = f": {view.message}" if view.message else ""
         raise ValidationFailed(f"image: {view.name} is {view.state}, not ready{why}", field="image")
     if not view.whole_disk:
+        resolve_pool_backend(spec.pool_backend, spec.pool_type, "image", catalog_archive=True)
         return
+    if (spec.pool_backend or "").lower() == "zfs":
+        raise ValidationFailed(
+            f"pool_backend: {view.name} is a whole-disk image, written as it is to one disk (no pool)",
+            field="pool_backend",
+        )
     if gpu_kernel_args(spec.gpu_passthrough):
         raise ValidationFailed(
             f"gpu_passthrough: {view.name} is a whole-disk image with its own boot loader; Karios does not "
@@ -157,7 +210,11 @@ def check_catalog_image(
 
 
 def check_disk_space(
-    pool_type: str | None, selected: list[str], disk_bytes: dict[str, int | None], installed_bytes: int | None
+    pool_type: str | None,
+    selected: list[str],
+    disk_bytes: dict[str, int | None],
+    installed_bytes: int | None,
+    backend: str = "md",
 ) -> None:
     """422 naming ``selected_disks`` with the needed and available sizes when the image
     (``installed_bytes``, plus the margin) does not fit the pool the selected disks make.
@@ -169,18 +226,20 @@ def check_disk_space(
         return
     known = [int(s) for s in sizes if s is not None]
     name = (pool_type or "single").lower()
-    need, have = root_needs(installed_bytes), pool_capacity(name, known)
+    overhead = disk_overhead(backend)
+    need, have = root_needs(installed_bytes), pool_capacity(name, known, overhead)
     if have >= need:
         return
     if name == "single":
         why = (
-            f"disk {names[0]} is {gib(known[0])}; the image needs {gib(need + DISK_OVERHEAD)} "
+            f"disk {names[0]} is {gib(known[0])}; the image needs {gib(need + overhead)} "
             f"({gib(installed_bytes)} installed, with margin and boot partitions)"
         )
     else:
+        as_what = "a ZFS " + ZFS_VDEVS[name] if backend == "zfs" and ZFS_VDEVS[name] else name
         why = (
-            f"{name} of {', '.join(names)} gives {gib(have)} for the root ({POOL_RULES[name]}, each "
-            f"disk less {DISK_OVERHEAD // MIB} MiB of boot partitions); the image needs {gib(need)} "
+            f"{as_what} of {', '.join(names)} gives {gib(have)} for the root ({POOL_RULES[name]}, each "
+            f"disk less {overhead // MIB} MiB of boot partitions); the image needs {gib(need)} "
             f"({gib(installed_bytes)} installed, with margin)"
         )
     raise ValidationFailed(
@@ -192,7 +251,8 @@ def check_disk_space(
             "needed_bytes": need,
             "available_bytes": have,
             "installed_bytes": installed_bytes,
-            "disk_overhead_bytes": DISK_OVERHEAD,
+            "disk_overhead_bytes": overhead,
+            "pool_backend": backend,
         },
     )
 
@@ -317,9 +377,11 @@ def validate_provision(spec: ProvisionSpec) -> ProvisionSpec:
                 field="install_method",
             )
         method = "image"
+    backend = resolve_pool_backend(spec.pool_backend, pool, method) if spec.pool_backend else None
     return spec.model_copy(
         update={
             "install_method": method,
+            "pool_backend": backend,
             "vendor": vendor,
             "selected_disks": disks,
             "pool_type": pool,

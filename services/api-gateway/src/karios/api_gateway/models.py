@@ -73,7 +73,18 @@ class ProvisionRequest(BaseModel):
     selected_disks: list[Name] = PField(
         default_factory=list, max_length=64, description="Install disks (sda or /dev/sda)"
     )
-    pool_type: Text = PField("single", description="single|stripe|mirror|raidz1|raidz2 → md RAID -/0/1/5/6")
+    pool_type: Text = PField(
+        "single",
+        description="single|stripe|mirror|raidz1|raidz2: an OpenZFS pool of the selected disks (root on "
+        "ZFS), "
+        "or md RAID -/0/1/5/6 with pool_backend md",
+    )
+    pool_backend: Literal["zfs", "md"] | None = PField(
+        None,
+        description="zfs: an OpenZFS pool, root on a dataset, /boot ext4 on every disk; md: Linux md RAID "
+        "(single: a plain ext4 partition). Default: zfs for a pool of several disks on Karios's own image, "
+        "md otherwise (single, install_method preseed, a catalog root archive)",
+    )
     selected_nic: Text = PField("", description="Installer interface name (default: auto)")
     selected_nic_legacy: Text = PField("", description=NO_EFFECT)
     selected_nic_mac: Text = PField("", description="MAC of the selected NIC")

@@ -32,6 +32,9 @@ class ProvisionSpec(BaseModel):
     root_pass_enc: str | None = None
     selected_disks: list[str] = Field(default_factory=list)
     pool_type: str = "single"
+    # zfs | md; None: zfs for a pool of several disks on Karios's own image, else md
+    # (karios.common.provisioning.resolve_pool_backend).
+    pool_backend: str | None = None
     selected_nic: str = ""
     selected_nic_legacy: str = ""
     selected_nic_mac: str = ""
@@ -158,6 +161,7 @@ class JobRequestView(BaseModel):
     os_username: str = "debian"
     selected_disks: list[str] = Field(default_factory=list)
     pool_type: str = "single"
+    pool_backend: str = Field("", description="How the pool is built: zfs | md ('' : not asked)")
     selected_nic: str = ""
     selected_nic_mac: str = ""
     ssh_authorized_keys: list[str] = Field(default_factory=list)
@@ -238,7 +242,8 @@ class JobView(BaseModel):
 
 # -- rules shared by the gateway (422 at the door) and the provisioner (preseed) -----------------
 
-# pool_type (the UI's ZFS-style names) → (Linux md-RAID level, min disks, max disks).
+# pool_type (the UI's ZFS-style names) → (Linux md-RAID level, min disks, max disks); a ZFS pool
+# (pool_backend zfs) takes the same disk counts (provisioning.ZFS_VDEVS).
 POOL_TYPES: dict[str, tuple[int | None, int, int | None]] = {
     "single": (None, 1, 1),
     "stripe": (0, 2, None),

@@ -175,6 +175,7 @@ RETRY_FIELDS = (
     "os_username",
     "selected_disks",
     "pool_type",
+    "pool_backend",
     "selected_nic",
     "selected_nic_mac",
     "ssh_authorized_keys",

@@ -62,6 +62,7 @@ from karios.common.provisioning import (
     check_disks_known,
     gpu_kernel_args,
     refuse_second_job,
+    resolve_pool_backend,
     validate_provision,
     validate_unprovision,
 )
@@ -209,7 +210,9 @@ async def _check_disk_space(request: Request, spec: ProvisionSpec, hw: BmcHardwa
         log.info("disk size not checked: the image's size is unknown", bmc_ip=spec.bmc_ip, error=str(exc))
         return
     assert info is not None  # the loader answers or raises
-    check_disk_space(spec.pool_type, selected, sizes, info.installed_bytes)
+    # zfs of a request leaving the method to a preseed deployment: 422 here (else at the job's start).
+    backend = resolve_pool_backend(spec.pool_backend, spec.pool_type, info.method)
+    check_disk_space(spec.pool_type, selected, sizes, info.installed_bytes, backend)
 
 
 async def _accept(

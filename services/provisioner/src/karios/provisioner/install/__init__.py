@@ -63,7 +63,9 @@ class HostContext:
     root_password_hash: str = ""
     ssh_authorized_keys: list[str] = field(default_factory=list)
     disks: list[str] = field(default_factory=list)
-    md_level: int | None = None
+    md_level: int | None = None  # md RAID level; with pool_backend zfs: the same capacity rule
+    pool_backend: str = "md"  # zfs | md (karios.common.provisioning.resolve_pool_backend)
+    zfs_vdev: str = ""  # mirror | raidz1 | raidz2 | "" (single, stripe)
     nic: str = "auto"
     nic_mac: str = ""
     static: dict[str, Any] | None = None  # address, netmask, gateway, nameservers

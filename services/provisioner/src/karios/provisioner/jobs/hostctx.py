@@ -13,8 +13,8 @@ from karios.common.contracts.images import ImageView
 from karios.common.contracts.inventory import AllocateIp, Host, HostQuery, IpAllocation
 from karios.common.contracts.provision import POOL_TYPES, StartProvision
 from karios.common.crypto import SecretBox
-from karios.common.errors import NotFound
-from karios.common.provisioning import gpu_kernel_args
+from karios.common.errors import NotFound, PermanentFailure, ValidationFailed
+from karios.common.provisioning import ZFS_VDEVS, gpu_kernel_args, resolve_pool_backend
 from karios.provisioner.bmc import serial_console_for
 from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.install import HostContext, InstallMethod
@@ -110,6 +110,15 @@ async def host_context(
     root = box.decrypt(spec.root_pass_enc, context=f"os:{ip}") if spec.root_pass_enc else ""
     mirror_host, mirror_dir = _mirror(cfg, spec.mirror)
     level = POOL_TYPES.get(spec.pool_type, (None, 0, None))[0]
+    try:  # the method is known here (the request may have left it to the deployment's default)
+        backend = resolve_pool_backend(
+            spec.pool_backend,
+            spec.pool_type,
+            getattr(method, "name", None),
+            catalog_archive=image is not None and not image.whole_disk,
+        )
+    except ValidationFailed as exc:
+        raise PermanentFailure(exc.message) from None
     return HostContext(
         job_id=cmd.job_id,
         token=token,
@@ -121,6 +130,8 @@ async def host_context(
         root_password_hash=hash_password(root) if root else "",
         disks=list(spec.selected_disks),
         md_level=level,
+        pool_backend=backend,
+        zfs_vdev=ZFS_VDEVS.get(spec.pool_type, ""),
         nic=spec.selected_nic or "auto",
         nic_mac=spec.selected_nic_mac,
         static=await static_address(bus, cmd),

@@ -52,8 +52,15 @@ from karios.common.contracts.provision import (
 )
 from karios.common.crypto import SecretBox
 from karios.common.db import Database
-from karios.common.errors import Conflict, KariosError, NotFound, PermanentFailure, ServiceUnavailable
-from karios.common.provisioning import refuse_second_job
+from karios.common.errors import (
+    Conflict,
+    KariosError,
+    NotFound,
+    PermanentFailure,
+    ServiceUnavailable,
+    ValidationFailed,
+)
+from karios.common.provisioning import refuse_second_job, resolve_pool_backend
 from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import current_traceparent, get_logger
 from karios.common.telemetry_http import trace_http_client
@@ -465,7 +472,10 @@ class JobService:
         requested = spec.install_method or ""
         method = job.method or method_for(self.methods, job.job_type, requested, self.cfg.install_method)
         return JobRequestView(
-            **spec.model_dump(include=set(JobRequestView.model_fields) - {"install_method", "method"}),
+            **spec.model_dump(
+                include=set(JobRequestView.model_fields) - {"install_method", "method", "pool_backend"}
+            ),
+            pool_backend=_backend_of(spec, method),
             job_id=job.id,
             job_type=job.job_type,
             install_method=requested,
@@ -506,3 +516,15 @@ class JobService:
         if self.release_on_stop:
             with contextlib.suppress(Exception):
                 await self.repo.release_leases()
+
+
+def _backend_of(spec: ProvisionSpec, method: str) -> str:
+    """The pool backend job ``spec`` uses with ``method`` ("" for a wipe or one it would refuse)."""
+    if method not in ("image", "preseed"):
+        return ""
+    try:
+        return resolve_pool_backend(
+            spec.pool_backend, spec.pool_type, method, catalog_archive=bool(spec.image)
+        )
+    except ValidationFailed:
+        return spec.pool_backend or ""

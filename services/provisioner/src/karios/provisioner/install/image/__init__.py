@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from karios.common.contracts.images import SEED_NEEDS_BYTES
 from karios.common.errors import PermanentFailure
-from karios.common.provisioning import DISK_OVERHEAD, root_needs
+from karios.common.provisioning import ZFS_BOOT_MIB, disk_overhead, root_needs
 from karios.provisioner.install import INSTALL_STAGES, HostContext, Medium, Stage, ca_overlay
 from karios.provisioner.install.firstboot import firstboot_script, firstboot_unit
 from karios.provisioner.install.image.cloudinit import LIVE_NIC_MAC, SEED_MIB, seed_files
@@ -63,6 +63,13 @@ def network_unit(ctx: HostContext) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pool_words(ctx: HostContext) -> str:
+    """The pool as a failure message names it: "a ZFS raidz1", "RAID5", "a ZFS stripe"."""
+    if ctx.pool_backend == "zfs":
+        return f"a ZFS {ctx.zfs_vdev or ('stripe' if len(ctx.disks) > 1 else 'pool')}"
+    return f"RAID{ctx.md_level}" if ctx.md_level is not None else "one disk"
+
+
 def stage_percents(stages: tuple[Stage, ...]) -> dict[str, int]:
     return {s.key: s.percent for s in stages}
 
@@ -107,7 +114,9 @@ class ImageMethod(LiveMethod):
             network_unit=network_unit(ctx),
             installed_bytes=installed_bytes or "",
             root_needs=root_needs(installed_bytes) if installed_bytes else "",
-            disk_overhead=DISK_OVERHEAD,
+            disk_overhead=disk_overhead(ctx.pool_backend),
+            zfs_boot_mib=ZFS_BOOT_MIB,
+            pool_words=pool_words(ctx),
         )
 
     def render_disk_script(self, ctx: HostContext) -> str:

@@ -7,7 +7,11 @@ installer's udebs:
   streamed onto the target disks by the image method;
 - ``vmlinuz`` + ``live.img``: a small initramfs (busybox, partitioning and RAID tools, the
   dependency closure of common disk/NIC drivers) whose ``/init`` brings the network up and
-  runs the per-host script appended to it (``/karios/run.sh``).
+  runs the per-host script appended to it (``/karios/run.sh``);
+- ``zfs-modules.deb``: OpenZFS's kernel modules (``zfs-dkms`` from the archive's ``contrib``
+  component) built once for the suite's kernel, natively, in a throwaway chroot with the
+  kernel headers and a compiler, packaged as ``zfs-modules`` (what ``zfs-initramfs`` depends
+  on, else zfs-dkms and a compiler); both images install it like any package.
 
 Everything lands in ``<images_dir>/<suite>/`` atomically: each artifact is built in a temp dir
 beside it and renamed into place, so a reader sees a complete file or none, and a crashed
@@ -33,19 +37,28 @@ from jinja2 import Environment
 from karios.common.errors import PermanentFailure
 from karios.provisioner.templating import package_templates
 
+# zfsutils-linux and zfs-initramfs (contrib): a root on ZFS is imported by the initramfs the
+# image was built with (its zfs hook and the prebuilt modules).
 ROOT_PACKAGES = (
     "linux-image-amd64,systemd-sysv,udev,grub-pc-bin,grub-efi-amd64-bin,grub2-common,mdadm,"
     "openssh-server,ifupdown,isc-dhcp-client,e2fsprogs,dosfstools,iproute2,ca-certificates,curl,"
-    "wget,kmod,zstd,sudo,locales,initramfs-tools"
+    "wget,kmod,zstd,sudo,locales,initramfs-tools,zfsutils-linux,zfs-initramfs"
 )
+# The archive components image builds use: OpenZFS is in contrib (its licence), the rest in main.
+COMPONENTS = "main,contrib"
+# What builds the ZFS modules: the suite's kernel headers, DKMS and zfs-dkms (its postinst
+# builds the modules for every installed kernel's headers).
+ZFS_BUILD_PACKAGES = "linux-headers-amd64,dkms,zfs-dkms"
+MMDEBSTRAP_HOOKS = "/usr/share/mmdebstrap/hooks"
 # tiny-initramfs satisfies the kernel's initramfs-tool dependency without initramfs-tools
 # building an initrd the live tree never uses (a minute of the build).
 # nvme-cli, hdparm and sg3-utils: the wipe's secure-erase ladder (NVMe sanitize/format, ATA
 # security erase, SCSI sanitize). mtools: a whole-disk image's cloud-init seed is written to its
-# vfat partition without mounting it (no kernel filesystem needed).
+# vfat partition without mounting it (no kernel filesystem needed). zfsutils-linux: a ZFS pool
+# (pool_backend zfs) is created by the live environment (the modules: zfs-modules.tar).
 LIVE_PACKAGES = (
     "linux-image-amd64,tiny-initramfs,busybox,fdisk,gdisk,e2fsprogs,dosfstools,mtools,mdadm,util-linux,zstd,"
-    "curl,ca-certificates,kmod,iproute2,nvme-cli,hdparm,sg3-utils"
+    "curl,ca-certificates,kmod,iproute2,nvme-cli,hdparm,sg3-utils,zfsutils-linux"
 )
 # Disk, NIC and filesystem drivers of the live environment; their dependencies come along.
 # Names missing from a kernel package (built in, or not built) are skipped.
@@ -66,6 +79,8 @@ LIVE_PRUNE = (
     "var/cache/apt",
     "var/lib/apt/lists",
     "boot/initrd.img*",
+    "usr/lib/python3*",  # zfsutils-linux's arc_summary/arcstat: nothing the install runs
+    "usr/share/perl*",
 )
 
 _ENV = package_templates("karios.provisioner.install.live")
@@ -161,6 +176,7 @@ class LiveArtifacts:
     kernel: Path
     initrd: Path
     root_archive: Path
+    zfs_modules: Path
 
 
 class LiveImages:
@@ -175,7 +191,7 @@ class LiveImages:
 
     def artifacts(self, suite: str) -> LiveArtifacts:
         d = self.images_dir / suite
-        return LiveArtifacts(d / "vmlinuz", d / "live.img", d / "root.tar.zst")
+        return LiveArtifacts(d / "vmlinuz", d / "live.img", d / "root.tar.zst", d / "zfs-modules.deb")
 
     def ready(self, suite: str) -> bool:
         a = self.artifacts(suite)
@@ -191,6 +207,11 @@ class LiveImages:
         out.mkdir(parents=True, exist_ok=True)
         times: dict[str, float] = {}
         a = self.artifacts(suite)
+        todo = (with_root and not a.root_archive.exists()) or not (a.kernel.exists() and a.initrd.exists())
+        if todo and not a.zfs_modules.exists():  # both images take them in
+            t = time.perf_counter()
+            self._build_zfs(suite, out)
+            times["zfs"] = round(time.perf_counter() - t, 1)
         if with_root and not a.root_archive.exists():
             t = time.perf_counter()
             self._build_root(suite, out)
@@ -206,16 +227,43 @@ class LiveImages:
         return times
 
     def _mmdebstrap(self, suite: str, include: str, target: str, cwd: Path, *extra: str) -> None:
-        argv = ["mmdebstrap", "--variant=minbase", f"--include={include}", *self.source.args(), *extra]
+        argv = ["mmdebstrap", "--variant=minbase", f"--components={COMPONENTS}", f"--include={include}"]
+        if ".deb" in include:  # a local package: its path must be visible inside the chroot
+            argv.append(f"--hook-dir={MMDEBSTRAP_HOOKS}/file-mirror-automount")
+        argv += [*self.source.args(), *extra]
         argv += [suite, target]
         if self.source.mirror:
             argv.append(self.source.mirror)
         _run(argv, cwd=cwd, timeout=1800)
 
+    def _build_zfs(self, suite: str, out: Path) -> None:
+        """``zfs-modules.deb``: the modules zfs-dkms built for the suite's kernel, packaged."""
+        with tempfile.TemporaryDirectory(prefix=".zfs-", dir=out) as tmp:
+            built = Path(tmp) / "built"
+            q = shlex.quote(str(built))
+            hook = (
+                f'cd "$1/usr/lib/modules" && ls */updates/dkms/zfs.ko* >/dev/null '
+                f"&& cp -a --parents */updates/dkms {q}/ "
+                f"&& chroot \"$1\" dpkg-query -W -f='${{Version}}' zfs-dkms > {q}.version"
+            )
+            built.mkdir()
+            self._mmdebstrap(
+                suite, ZFS_BUILD_PACKAGES, str(Path(tmp) / "tree"), Path(tmp), f"--customize-hook={hook}"
+            )
+            deb = Path(tmp) / "zfs-modules.deb"
+            zfs_modules_deb(built, deb, Path(f"{built}.version").read_text().strip())
+            os.replace(deb, out / "zfs-modules.deb")
+
+    def _zfs_include(self, out: Path) -> str:
+        """The ZFS modules package for mmdebstrap's ``--include`` (a local .deb: mmdebstrap's
+        file-mirror-automount hook makes its path visible to the chroot's dpkg)."""
+        return str(out / "zfs-modules.deb")
+
     def _build_root(self, suite: str, out: Path) -> None:
         with tempfile.TemporaryDirectory(prefix=".root-", dir=out) as tmp:
             tar = Path(tmp) / "root.tar"
-            self._mmdebstrap(suite, ROOT_PACKAGES, str(tar), Path(tmp))
+            include = f"{ROOT_PACKAGES},{self._zfs_include(out)}"
+            self._mmdebstrap(suite, include, str(tar), Path(tmp))
             _run(["zstd", "-q", "-3", "-T0", "--rm", str(tar), "-o", str(tar) + ".zst"], timeout=600)
             os.replace(str(tar) + ".zst", out / "root.tar.zst")
 
@@ -223,7 +271,8 @@ class LiveImages:
         with tempfile.TemporaryDirectory(prefix=".live-", dir=out) as tmp:
             tree = Path(tmp) / "tree"
             excludes = [f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("doc", "man", "locale", "info")]
-            self._mmdebstrap(suite, LIVE_PACKAGES, str(tree), Path(tmp), *excludes)
+            include = f"{LIVE_PACKAGES},{self._zfs_include(out)}"
+            self._mmdebstrap(suite, include, str(tree), Path(tmp), *excludes)
             kernels = sorted((tree / "boot").glob("vmlinuz-*"))
             if not kernels:
                 raise PermanentFailure(f"live environment for {suite}: no kernel in the package set")
@@ -244,6 +293,24 @@ class LiveImages:
             )
             os.replace(Path(tmp) / "vmlinuz", out / "vmlinuz")
             os.replace(img, out / "live.img")
+
+
+def zfs_modules_deb(built: Path, deb: Path, version: str) -> None:
+    """Package ``built/<kver>/updates/dkms/*.ko`` (what zfs-dkms ``version`` built) as ``deb``."""
+    kvers = sorted(p.name for p in built.iterdir())
+    if len(kvers) != 1:
+        raise PermanentFailure(f"zfs-dkms built modules for {kvers or 'no kernel'}, expected one kernel")
+    kver = kvers[0]
+    pkg = deb.parent / "pkg"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    shutil.copytree(built / kver, pkg / "usr/lib/modules" / kver)
+    (pkg / "DEBIAN/control").write_text(
+        _ENV.get_template("zfs-modules.control.j2").render(kver=kver, version=version)
+    )
+    post = pkg / "DEBIAN/postinst"
+    post.write_text(_ENV.get_template("zfs-modules.postinst.j2").render(kver=kver))
+    post.chmod(0o755)
+    _run(["dpkg-deb", "--root-owner-group", "-Zzstd", "--build", str(pkg), str(deb)], timeout=300)
 
 
 def keep_modules(moddir: Path, wanted: list[str]) -> list[str]:
