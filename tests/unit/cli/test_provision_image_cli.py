@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from karios.cli.entry import main
 
 
-def test_provision_names_the_catalog_image_and_the_disks(monkeypatch, capsys) -> None:
+def _provision(monkeypatch, argv: list[str]) -> tuple[int, list[dict]]:
+    """``karios provision ARGV`` against a recording gateway: (exit code, the request bodies)."""
     seen: list[dict] = []
 
     class Gateway(BaseHTTPRequestHandler):
@@ -30,9 +31,16 @@ def test_provision_names_the_catalog_image_and_the_disks(monkeypatch, capsys) ->
     monkeypatch.setenv("KARIOS_URL", f"http://127.0.0.1:{srv.server_address[1]}")
     monkeypatch.setenv("KARIOS_TOKEN", "t")
     try:
-        rc = main(["provision", "192.0.2.11", "--image", "debian-cloud", "--disk", "sda", "--hostname", "n1"])
+        rc = main(["provision", *argv])
     finally:
         srv.shutdown()
+    return rc, seen
+
+
+def test_provision_names_the_catalog_image_and_the_disks(monkeypatch, capsys) -> None:
+    rc, seen = _provision(
+        monkeypatch, ["192.0.2.11", "--image", "debian-cloud", "--disk", "sda", "--hostname", "n1"]
+    )
     assert rc == 0, capsys.readouterr()
     assert seen == [
         {
@@ -45,3 +53,13 @@ def test_provision_names_the_catalog_image_and_the_disks(monkeypatch, capsys) ->
         }
     ]
     assert "j-1" in capsys.readouterr().out
+
+
+def test_provision_names_the_pool_and_its_backend(monkeypatch, capsys) -> None:
+    argv = ["192.0.2.12", "--disk", "sda", "--disk", "sdb", "--disk", "sdc", "--pool", "raidz1"]
+    rc, seen = _provision(monkeypatch, [*argv, "--pool-backend", "md"])
+    assert rc == 0, capsys.readouterr()
+    assert seen[0]["selected_disks"] == ["sda", "sdb", "sdc"]
+    assert (seen[0]["pool_type"], seen[0]["pool_backend"]) == ("raidz1", "md")
+    rc, seen = _provision(monkeypatch, argv)  # no --pool-backend: the deployment's default (ZFS)
+    assert rc == 0 and "pool_backend" not in seen[0], seen

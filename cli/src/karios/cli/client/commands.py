@@ -202,6 +202,12 @@ def provision(
         str, typer.Option(help="a catalog image to install instead of Karios's Debian (karios images list)")
     ] = "",
     disk: Annotated[list[str], typer.Option(help="an install disk (repeat for a pool), e.g. sda")] = [],  # noqa: B006
+    pool: Annotated[
+        str, typer.Option(help="pool_type of the disks: single, mirror, stripe, raidz1, raidz2")
+    ] = "",
+    pool_backend: Annotated[
+        str, typer.Option(help="zfs or md (default: zfs for a pool of several disks, md for one)")
+    ] = "",
     watch: Watch = False,
     until: Until = "",
 ) -> None:
@@ -215,6 +221,10 @@ def provision(
         body["image"] = image
     if disk:
         body["selected_disks"] = disk
+    if pool:
+        body["pool_type"] = pool
+    if pool_backend:
+        body["pool_backend"] = pool_backend
     if ssh_key:
         body["ssh_authorized_keys"] = [p.read_text().strip() for p in ssh_key]
     with api() as a:
