@@ -55,6 +55,17 @@ if [ -x tests/lab/netbox.sh ] && [ -z "${KARIOS_SKIP_NETBOX:-}" ]; then
   cleanup+=("wait; tests/lab/netbox.sh down")
 fi
 
+# The image method's images (live environment, root archives and the OpenZFS modules of both Debian
+# releases): built once and cached by content (tests/lab/images.sh) — ~10 minutes on a fresh
+# machine (zfs-dkms compiles once per release), an instant when cached. Built here, before the
+# tests: in the first VM test's fixture the build would count against that test's timeout.
+if [ -x tests/lab/images.sh ] && [ "$(id -u)" = 0 ] && command -v mmdebstrap >/dev/null; then
+  if ! tests/lab/images.sh >/tmp/karios-images.log 2>&1; then
+    echo "test: the lab's images did not build (tail of log below); the install tests will report it" >&2
+    tail -n 20 /tmp/karios-images.log >&2 || true
+  fi
+  phase "lab images built"
+fi
 uv run --locked ruff check .
 uv run --locked ruff format --check .
 phase "lint done"
