@@ -24,6 +24,37 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def neighbour_table_need(n_nodes: int) -> int:
+    """Neighbour entries a lab of `n_nodes` may hold at once, per family: the namespaces share
+    the kernel's one ARP and one ND table, and every node resolves every other node's underlay
+    address (the VXLAN next hop) and, on each of its bridges, the peers' link-locals."""
+    return 4 * n_nodes * (n_nodes + 2)
+
+
+def raise_neighbour_tables(n_nodes: int) -> list[str]:
+    """Raise the kernel's neighbour-table limits (``gc_thresh2``/``gc_thresh3``, IPv4 and IPv6)
+    to what `n_nodes` nodes need; never lowers them. Returns the settings changed ("name old →
+    new"). The defaults (512 / 1,024 entries for the whole machine) are a real compute node's
+    budget, but the lab's nodes share one kernel: at 50 nodes the ARP table overflowed
+    ("neighbour: arp_cache: neighbor table overflow!") and VXLAN packets to peers whose underlay
+    address was not resolved yet were dropped — the overlay pings of 15 of 50 nodes failed."""
+    need = neighbour_table_need(n_nodes)
+    changed = []
+    for family in ("ipv4", "ipv6"):
+        for name, want in (("gc_thresh2", need), ("gc_thresh3", 2 * need)):
+            path = f"/proc/sys/net/{family}/neigh/default/{name}"
+            try:
+                with open(path) as fh:
+                    old = int(fh.read().strip())
+                if old < want:
+                    with open(path, "w") as fh:
+                        fh.write(str(want))
+                    changed.append(f"net.{family}.neigh.default.{name} {old} → {want}")
+            except (OSError, ValueError):
+                continue  # not root, or no such setting: the lab works up to the default's size
+    return changed
+
+
 def run_checked(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     res = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if res.returncode != 0:

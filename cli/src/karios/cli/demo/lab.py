@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from karios.cli.demo.host import pid_alive
+from karios.cli.demo.host import pid_alive, raise_neighbour_tables
 from karios.cli.demo.netns import LabNetwork, destroy_netns, list_netns
 from karios.cli.demo.nodes import LabNodes
 from karios.cli.demo.packages import ensure_packages
@@ -133,6 +133,7 @@ class FabricLab:
             self._make_workdir()
             self.timings["keys"] = time.monotonic() - t
             t = time.monotonic()
+            raise_neighbour_tables(self.n_nodes)
             self.network.build(
                 self.nodes,
                 self.fabric_mtu,
