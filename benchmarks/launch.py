@@ -2,11 +2,17 @@
 run's file inventory, the output read in a thread, the admin token read from the state directory;
 and how it stops it (SIGTERM, the database dropped). One launcher for every benchmark that needs
 the real services (``every_route.py``, ``hot_paths.py``, ``provision_storm.py``).
+
+``up_args`` adds to ``karios up``'s command line (``--cluster 3``, ``--service-replicas
+provisioner=3``…); then :meth:`KariosUp.processes_of` lists every replica of a service,
+:meth:`KariosUp.gateway_urls` every gateway replica's URL (``<state>/replicas.json``) and
+:meth:`KariosUp.nats_options` how to reach the run's NATS (the embedded cluster and its login).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -48,13 +54,27 @@ async def sql(db_url: str, statement: str, db: str | None = None) -> list[Any]:
 
 class KariosUp:
     """``karios up`` for one benchmark run. ``inventory`` is written as the file inventory;
-    ``env`` adds to (or overrides) the launcher's environment; a start that fails (a port picked
-    here taken meanwhile by another process) is retried ``attempts`` times with fresh ports."""
+    ``env`` adds to (or overrides) the launcher's environment; ``up_args`` adds to ``karios up``'s
+    command line; a start that fails (a port picked here taken meanwhile by another process) is
+    retried ``attempts`` times with fresh ports.
+
+    ``--cluster N`` starts ``karios up``'s own NATS cluster only when no ``KARIOS_NATS_URL`` is
+    set (with one, ``karios up`` would use that server and start no cluster): both together are
+    refused here. The launcher never passes the caller's own ``KARIOS_*`` variables on."""
 
     def __init__(
-        self, name: str, inventory: dict[str, Any], env: dict[str, str] | None = None, attempts: int = 1
+        self,
+        name: str,
+        inventory: dict[str, Any],
+        env: dict[str, str] | None = None,
+        attempts: int = 1,
+        up_args: list[str] | None = None,
     ) -> None:
         import yaml
+
+        self.up_args = [str(a) for a in up_args or []]
+        if _cluster_size(self.up_args) and (env or {}).get("KARIOS_NATS_URL"):
+            raise ValueError("karios up --cluster starts its own NATS cluster: do not set KARIOS_NATS_URL")
 
         self.root = Path(tempfile.mkdtemp(prefix=f"karios-{name}-"))
         self.root.chmod(0o755)
@@ -85,8 +105,9 @@ class KariosUp:
             "KARIOS_LOG_LEVEL": "WARNING",
         }
         env |= extra
+        self.env_nats_url = env.get("KARIOS_NATS_URL", "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "karios.cli", "up", "--timeout", "180"],
+            [sys.executable, "-m", "karios.cli", "up", "--timeout", "180", *self.up_args],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -106,16 +127,85 @@ class KariosUp:
         return f"http://127.0.0.1:{self.ports[port]}"
 
     def process_of(self, service: str) -> Any:
-        """The ``psutil.Process`` of ``karios run <service>`` under this ``karios up``."""
+        """The ``psutil.Process`` of ``karios run <service>`` under this ``karios up`` (the first
+        found: one of the replicas when there are several, see :meth:`processes_of`)."""
+        procs = self.processes_of(service)
+        if not procs:
+            raise LookupError(f"no {service} process")
+        return procs[0]
+
+    def processes_of(self, service: str) -> list[Any]:
+        """Every ``karios run <service>`` process under this ``karios up`` (one per replica: the
+        replicas have the same command line; :meth:`replica_name` tells them apart)."""
+        return [p for group, p in self.children() if group == service]
+
+    def children(self) -> list[tuple[str, Any]]:
+        """``karios up``'s own children as (group, ``psutil.Process``): group is the service of a
+        ``karios run <service>``, ``nats-server`` for a node of ``--cluster``, else ``other``
+        (their own children, if any, are not listed: see :func:`tree`)."""
         import psutil
 
-        for child in psutil.Process(self.proc.pid).children(recursive=True):
+        out = []
+        try:
+            kids = psutil.Process(self.proc.pid).children()
+        except psutil.Error:
+            return []
+        for child in kids:
             try:
-                if child.cmdline()[-2:] == ["run", service]:
-                    return child
+                argv = child.cmdline()
             except psutil.Error:
                 continue
-        raise LookupError(f"no {service} process")
+            if argv[-2:-1] == ["run"] and "karios.cli" in argv:
+                out.append((argv[-1], child))
+            elif argv and Path(argv[0]).name == "nats-server":
+                out.append(("nats-server", child))
+            else:
+                out.append(("other", child))
+        return out
+
+    def replica_urls(self) -> dict[str, str]:
+        """Child name (``provisioner``, ``provisioner-2``…) → base URL: ``<state>/replicas.json``
+        when ``karios up`` runs replicas, else replica 1 of the services whose port is set here."""
+        path = self.state / "replicas.json"
+        if path.exists():
+            return dict(json.loads(path.read_text()))
+        names = {"GATEWAY": "api-gateway", "FABRIC_WORKER": "fabric-worker"}
+        return {names.get(p, p.lower()): self.url(p) for p in self.ports}
+
+    def gateway_urls(self) -> list[str]:
+        """The base URL of every api-gateway replica (replica 1 first)."""
+        urls = self.replica_urls()
+        return [urls[n] for n in sorted(urls, key=_replica_order) if _service_of(n) == "api-gateway"]
+
+    def replica_name(self, proc: Any) -> str:
+        """The child name of a ``karios run <service>`` process (``provisioner-2``): its own port
+        (``KARIOS_<SERVICE>_PORT`` in its environment) in :meth:`replica_urls`; else the service."""
+        import psutil
+
+        service = str(proc.cmdline()[-1])
+        try:
+            port = proc.environ().get(_port_var(service))
+        except psutil.Error:  # gone, or not readable: the service's name will do
+            return service
+        for name, url in self.replica_urls().items():
+            if _service_of(name) == service and url.rsplit(":", 1)[-1] == port:
+                return name
+        return service
+
+    def nats_options(self) -> dict[str, Any]:
+        """``nats.connect`` keyword arguments for this run's NATS: the URL(s) ``karios up``
+        printed (every node of ``--cluster``) and, for its embedded NATS, the login it keeps in
+        ``<state>/nats-credentials.json``."""
+        servers = next(
+            (line.split()[1] for line in "".join(self.out).splitlines() if line.strip().startswith("NATS  ")),
+            "nats://127.0.0.1:4222",
+        )
+        options: dict[str, Any] = {"servers": servers.split(",")}
+        creds = self.state / "nats-credentials.json"
+        if creds.exists() and not self.env_nats_url:
+            doc = json.loads(creds.read_text())
+            options |= {"user": doc["user"], "password": doc["password"]}
+        return options
 
     def _terminate(self) -> None:
         if self.proc.poll() is None:
@@ -135,3 +225,39 @@ class KariosUp:
     def stop(self, keep: bool = False) -> None:
         self._terminate()
         self._clean(keep)
+
+
+def tree(proc: Any) -> list[Any]:
+    """``proc`` and its live descendants (what a service or an emulator runs under it)."""
+    import psutil
+
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _cluster_size(up_args: list[str]) -> int:
+    for i, arg in enumerate(up_args):
+        if arg == "--cluster" and i + 1 < len(up_args):
+            return int(up_args[i + 1])
+        if arg.startswith("--cluster="):
+            return int(arg.split("=", 1)[1])
+    return 0
+
+
+def _service_of(child: str) -> str:
+    """``provisioner-2`` → ``provisioner`` (``fabric-worker`` stays itself)."""
+    base, _, n = child.rpartition("-")
+    return base if base and n.isdigit() else child
+
+
+def _replica_order(child: str) -> tuple[str, int]:
+    base, _, n = child.rpartition("-")
+    return (base, int(n)) if base and n.isdigit() else (child, 1)
+
+
+def _port_var(service: str) -> str:
+    from karios.cli.services import SERVICES
+
+    return f"KARIOS_{SERVICES[service].port_setting.upper()}"

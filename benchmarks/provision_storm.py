@@ -1,14 +1,25 @@
-"""1,000 hosts at once (issue 14, item 4): one provisioning batch through the gateway onto
-emulated BMCs, with admission control.
+"""1,000 hosts at once (issue 14, item 4), 10,000 on replicas (issue 28, item 3): one
+provisioning batch through the gateway(s) onto emulated BMCs, with admission control.
 
     nice -n 10 uv run python benchmarks/provision_storm.py [--hosts 1000] [--emulators 4]
         [--overall 64] [--per-vendor 32] [--media head|full]
+        [--cluster 3 [--replicas N] [--service-replicas SERVICE=N ...]]
 
-``karios up`` (the shared NATS at ``KARIOS_NATS_URL`` under a prefix of its own, a fresh database
-on ``KARIOS_BENCH_PG``, dropped at the end) with a file inventory of N devices; N fake systems
-spread over ``--emulators`` sushy-tools processes (tests/lab/redfish_lab.py, instant power).
-The batch is N ``POST /controlnode/provision`` sharing one ``parent_id`` (there is no batch
-endpoint), 32 at a time, vendors round robin (dell, hpe, supermicro, generic).
+    # issue 28 item 3: 3 provisioners and 2 gateways on the 3-node NATS cluster
+    nice -n 10 uv run python benchmarks/provision_storm.py --hosts 10000 --cluster 3 \
+        --service-replicas provisioner=3 --service-replicas api-gateway=2
+
+``karios up`` (a fresh database on ``KARIOS_BENCH_PG``, dropped at the end) with a file inventory
+of N devices. Without ``--cluster`` (default 0): the shared NATS at ``KARIOS_NATS_URL`` (default
+nats://127.0.0.1:4222) under a prefix of its own. With ``--cluster N``: ``karios up --cluster N``
+starts its own JetStream cluster of N nats-servers (streams R3; ``KARIOS_NATS_URL`` is not
+passed, or up would use that server instead) and ``--replicas`` (default 2) processes of every
+service, ``--service-replicas SERVICE=N`` overriding one service's count (both also work without
+``--cluster``). N fake systems spread over ``--emulators`` sushy-tools processes
+(tests/lab/redfish_lab.py, instant power). The batch is N ``POST /controlnode/provision``
+sharing one ``parent_id`` (there is no batch endpoint), 32 at a time, vendors round robin (dell,
+hpe, supermicro, generic), the POSTs spread round robin over every gateway replica
+(``<state>/replicas.json``).
 
 ``--media head`` (default): the emulator's InsertMedia fetches the first 64 KiB of the medium
 (status and length checked) instead of downloading it whole — stock sushy-tools copies every
@@ -20,13 +31,30 @@ emulator saw exactly one reset per system), per-stage percentiles from the JetSt
 of the job events (and, before them, when each 202 came and when the gateway's outbox relay
 published the start command, seen by a core NATS subscriber), BMC requests per host (the
 emulators' request logs), the provisioner's peak RSS, state-dir / database / event-stream
-growth, and the admission limits used.
+growth, and the admission limits used; then per gateway replica the POSTs it took, per
+provisioner replica the jobs it owns at the end (the job rows' lease ``owner``), whether every
+system was reset exactly once (per system, from the emulators' logs), the database growth per
+host, and a table of where the CPU and memory go:
+
+- per group of processes (each service summed over its replicas; ``nats-server``: the nodes of
+  ``--cluster``; ``emulators``; ``postgresql``: the backends of this run's database when
+  PostgreSQL runs on this machine, counted from when each is first seen; ``karios up``: the
+  supervisor alone; ``benchmark client``: this process alone): processes, CPU seconds during the
+  run (user + system, children it reaped included), CPU ms per host, the busiest process's CPU
+  seconds / wall seconds over the run (and in its busiest 5 s), RSS at the start → the peak of
+  the group's summed RSS, and that growth per host. Sampled every second in a thread from just
+  before the first POST to the last reset; a replica restarted meanwhile counts as a process of
+  its own.
+- ``saturated: <process> at X % of a core``: the process with the highest CPU / wall ratio over
+  the run (100 % = one core busy all the time).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
 import json
 import os
 import re
@@ -34,19 +62,24 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
 
 import httpx
 import psutil
 
-from benchmarks.launch import KariosUp, sql
+from benchmarks.launch import KariosUp, sql, tree
+from karios.cli.up import parse_service_replicas
 from tests.lab import redfish_lab
 from tests.lab.redfish_lab import RedfishEmulator, fake_system
 
 VENDORS = ("dell", "hpe", "supermicro", "generic")
 STAGES = ("queued", "building_media", "mounting", "booting")
+#: A power reset the emulator answered 2xx, and the system it was for.
+RESET_LINE = re.compile(r"POST \S*/Systems/([^/\s]+)/Actions/ComputerSystem\.Reset\S* HTTP/[\d.]+\S*\" 2\d\d")
 PASSWORD = "storm-bmc-pw"
 # InsertMedia reads the head of the medium (like a BMC starting to boot from it), stores nothing.
 _HEAD_MEDIA = """\
@@ -71,7 +104,9 @@ vmedia.BaseDriver._get_image = _head_of_image
 
 
 def bmc_ip(i: int) -> str:
-    return f"10.200.{i % 16}.{i // 16 + 1}"  # 16 /24s: bmc_per_subnet (4) x 16 is not the bound
+    # 16 /24s per 4,064 hosts (bmc_per_subnet (4) x 16 is not the bound); the first 4,064 as before
+    block, k = divmod(i, 16 * 254)
+    return f"10.200.{16 * block + k % 16}.{k // 16 + 1}"
 
 
 def start_emulators(hosts: int, count: int, media: str) -> list[RedfishEmulator]:
@@ -89,7 +124,10 @@ class System(KariosUp):
 
     def __init__(self, a: argparse.Namespace, emus: list[RedfishEmulator]) -> None:
         self.prefix = f"storm{uuid.uuid4().hex[:6]}"
-        self.nats = os.environ.get("KARIOS_NATS_URL", "nats://127.0.0.1:4222")
+        up_args = ["--cluster", str(a.cluster)] if a.cluster else []
+        up_args += ["--replicas", str(a.replicas)] if a.replicas else []
+        for value in a.service_replicas:
+            up_args += ["--service-replicas", value]
         devices = [
             {
                 "id": i + 1,
@@ -110,8 +148,9 @@ class System(KariosUp):
             "BUILD_CONCURRENCY": "2",
         }
         env = {f"KARIOS_PROVISIONER_{k}": v for k, v in self.limits.items()}
+        if not a.cluster:  # the shared NATS; with --cluster, karios up's own cluster
+            env["KARIOS_NATS_URL"] = os.environ.get("KARIOS_NATS_URL", "nats://127.0.0.1:4222")
         env |= {
-            "KARIOS_NATS_URL": self.nats,
             "KARIOS_BUS_PREFIX": self.prefix,
             "KARIOS_PROVISIONER_BMC_ENDPOINTS": json.dumps(endpoints, separators=(",", ":")),
             "KARIOS_PROVISIONER_BMC_TIMEOUT": "60",
@@ -124,18 +163,18 @@ class System(KariosUp):
             "KARIOS_PROVISIONER_INSTALL_METHOD": "preseed",
             "KARIOS_PROVISIONER_STAGE_DEADLINE": "3600",
         }
-        super().__init__("storm", {"devices": devices}, env)
-
-    def provisioner(self) -> psutil.Process:
-        return self.process_of("provisioner")
+        super().__init__("storm", {"devices": devices}, env, up_args=up_args)
 
 
 def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
-async def post_batch(s: System, hosts: int, parent: str, accepted: dict[str, float]) -> list[str]:
-    """The batch; ``accepted``: job id → when its 202 came (epoch seconds)."""
+async def post_batch(
+    s: System, hosts: int, parent: str, accepted: dict[str, float], per_gateway: dict[str, int]
+) -> list[str]:
+    """The batch, host i to gateway replica i mod R; ``accepted``: job id → when its 202 came
+    (epoch seconds); ``per_gateway``: gateway URL → 202s it answered."""
     sem = asyncio.Semaphore(32)
     headers = {"Authorization": f"Bearer {s.token}"}
 
@@ -154,25 +193,29 @@ async def post_batch(s: System, hosts: int, parent: str, accepted: dict[str, flo
                     break
                 await asyncio.sleep(1)
         if r.status_code != 202:
-            raise SystemExit(f"POST for {bmc_ip(i)}: {r.status_code} {r.text[:300]}")
+            raise SystemExit(f"POST for {bmc_ip(i)} to {c.base_url}: {r.status_code} {r.text[:300]}")
         job = str(r.json()["job_id"])
         accepted[job] = time.time()
+        per_gateway[str(c.base_url).rstrip("/")] += 1
         return job
 
-    async with httpx.AsyncClient(base_url=s.url(), timeout=120) as c:
-        return await asyncio.gather(*[one(c, i) for i in range(hosts)])
+    urls = s.gateway_urls()
+    for url in urls:
+        per_gateway.setdefault(url, 0)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(httpx.AsyncClient(base_url=u, timeout=120)) for u in urls]
+        return await asyncio.gather(*[one(clients[i % len(clients)], i) for i in range(hosts)])
 
 
 async def watch(s: System, hosts: int, timeout: float, peak: dict[str, float]) -> dict:
-    """Until every job passed booting (or failed): sample the provisioner's RSS and the queue."""
-    proc = s.provisioner()
+    """Until every job passed booting (or failed), the queue's peak admissions (CPU and memory:
+    :class:`Usage`)."""
     headers = {"Authorization": f"Bearer {s.token}"}
     deadline = time.monotonic() + timeout
     last: dict = {}
     async with httpx.AsyncClient(base_url=s.url(), timeout=60) as c:
         tick = 0
         while time.monotonic() < deadline:
-            peak["rss"] = max(peak["rss"], proc.memory_info().rss)
             tick += 1  # the queue (1,000 entries) every 5 s: a UI's poll, not a load of its own
             q = await c.get("/controlnode/provision/queue", headers=headers) if tick % 5 == 1 else None
             if q is not None and q.status_code == 200:
@@ -200,7 +243,7 @@ async def stage_times(s: System) -> dict[str, dict[str, float]]:
     from karios.common.bus.subjects import Subjects
 
     sub = Subjects(s.prefix)
-    nc = await nats.connect(s.nats)
+    nc = await nats.connect(**s.nats_options())
     out: dict[str, dict[str, float]] = {}
 
     async def read(subject: str, record) -> None:  # type: ignore[no-untyped-def]
@@ -239,7 +282,7 @@ class CommandTap:
         from karios.common.bus.subjects import Subjects
 
         self.subject = Subjects(s.prefix).cmd("provision", "start")
-        self.url = s.nats
+        self.options = s.nats_options()
         self.seen: dict[str, float] = {}
         self.ready = threading.Event()
         self.loop = asyncio.new_event_loop()
@@ -250,7 +293,7 @@ class CommandTap:
     async def _start(self):  # type: ignore[no-untyped-def]
         import nats
 
-        nc = await nats.connect(self.url)
+        nc = await nats.connect(**self.options)
 
         async def on(msg) -> None:  # type: ignore[no-untyped-def]
             self.seen.setdefault((msg.headers or {}).get("Nats-Msg-Id", ""), time.time())
@@ -266,19 +309,176 @@ class CommandTap:
         return self.seen
 
 
-def cpu_seconds(s: System, emus: list[RedfishEmulator]) -> dict[str, float]:
-    """CPU seconds (user + system) so far of the provisioner, the gateway and the emulators."""
+#: The groups of :class:`Usage`, in the table's order (the services as ``karios up`` names them).
+GROUPS = (
+    "api-gateway",
+    "provisioner",
+    "inventory",
+    "bootapi",
+    "fabric-worker",
+    "nats-server",
+    "emulators",
+    "postgresql",
+    "karios up",
+    "benchmark client",
+)
 
-    def of(p: psutil.Process) -> float:
-        t = p.cpu_times()
-        return float(t.user + t.system)
 
-    kids = {" ".join(c.cmdline()[-2:]): c for c in psutil.Process(s.proc.pid).children(recursive=True)}
-    return {
-        "provisioner": of(kids["run provisioner"]),
-        "api-gateway": of(kids["run api-gateway"]),
-        "emulators": sum(of(psutil.Process(e._proc.pid)) for e in emus if e._proc is not None),
-    }
+def _cpu(procs: list[psutil.Process], reaped: bool = True) -> float:
+    """CPU seconds (user + system and, with ``reaped``, what they reaped of their children:
+    a service's short-lived tools) of ``procs``."""
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system + ((t.children_user + t.children_system) if reaped else 0.0)
+    return total
+
+
+def _rss(procs: list[psutil.Process], private: bool = False) -> int:
+    """Their RSS summed; ``private``: their USS instead (PostgreSQL's backends: an RSS counts
+    every page of the shared buffers the backend touched, once per backend)."""
+    total = 0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_full_info().uss if private else p.memory_info().rss
+    return total
+
+
+@dataclass
+class Tracked:
+    """One process (with its descendants) as sampled: when first and last seen, its CPU then."""
+
+    group: str
+    label: str
+    t_first: float
+    cpu_first: float
+    t_last: float = 0.0
+    cpu_last: float = 0.0
+    window: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
+    #: The highest CPU / wall over 5 s (None: seen for less than 5 s).
+    best_window: float | None = None
+
+    @property
+    def cpu(self) -> float:
+        return self.cpu_last - self.cpu_first
+
+    @property
+    def ratio(self) -> float:
+        """CPU seconds / wall seconds while it was seen (1.0: one core busy all along)."""
+        return self.cpu / max(1.0, self.t_last - self.t_first)
+
+
+class Usage:
+    """CPU and RSS of every process of the run by group (:data:`GROUPS`), sampled every second
+    in a thread between :meth:`start` and :meth:`stop`; the processes found again at every
+    sample (a replica the supervisor restarted is a new one)."""
+
+    WINDOW = 5.0
+
+    def __init__(self, s: System, emus: list[RedfishEmulator], interval: float = 1.0) -> None:
+        self.s, self.emus, self.interval = s, emus, interval
+        self.tracked: dict[tuple[int, float], Tracked] = {}
+        self.rss_start: dict[str, int] = {}
+        self.rss_peak: dict[str, int] = {}
+        self.pg_local = False
+        self._labels: dict[tuple[int, float], str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Usage:
+        self.t0 = time.monotonic()
+        self.sample()  # the start values: before the first POST
+        self._thread.start()
+        return self
+
+    def stop(self) -> Usage:
+        self._stop.set()
+        self._thread.join(30)
+        self.sample()
+        self.wall = time.monotonic() - self.t0
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def processes(self) -> list[tuple[str, str, tuple[int, float], list[psutil.Process]]]:
+        """(group, label, key, the processes counted) of every process of the run now."""
+        out = []
+        for group, p in self.s.children():
+            with contextlib.suppress(psutil.Error):
+                key = (p.pid, p.create_time())
+                if group == "nats-server":
+                    argv = p.cmdline()
+                    label = argv[argv.index("-n") + 1] if "-n" in argv else f"nats-server {p.pid}"
+                elif group == "other":
+                    label = " ".join(p.cmdline()[:3])
+                else:
+                    label = self._labels.get(key) or self.s.replica_name(p)
+                    self._labels[key] = label
+                out.append((group, f"{label} (pid {p.pid})", key, tree(p)))
+        for i, e in enumerate(self.emus):
+            with contextlib.suppress(psutil.Error):
+                if e._proc is not None:
+                    p = psutil.Process(e._proc.pid)
+                    key = (p.pid, p.create_time())
+                    out.append(("emulators", f"emulator {i + 1} (pid {p.pid})", key, tree(p)))
+        for group, p in (
+            ("karios up", psutil.Process(self.s.proc.pid)),
+            ("benchmark client", psutil.Process()),
+        ):
+            with contextlib.suppress(psutil.Error):
+                out.append((group, f"{group} (pid {p.pid})", (p.pid, p.create_time()), [p]))
+        # PostgreSQL's backends of this run's database (a local server; readable as root or
+        # as its user): "postgres: <cluster>: <user> <database> <client> <state>"
+        for p in psutil.process_iter(["cmdline"]):
+            argv = p.info["cmdline"] or []
+            title = " ".join(argv)
+            if title.startswith("postgres:") and f" {self.s.db} " in f"{title} ":
+                self.pg_local = True
+                with contextlib.suppress(psutil.Error):
+                    out.append(("postgresql", f"backend (pid {p.pid})", (p.pid, p.create_time()), [p]))
+        return out
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        rss: dict[str, int] = dict.fromkeys(GROUPS, 0)
+        for group, label, key, procs in self.processes():
+            # karios up reaps its services (a restarted one): counted as those processes already
+            cpu = _cpu(procs, reaped=group not in ("karios up", "benchmark client"))
+            rss[group] = rss.get(group, 0) + _rss(procs, private=group == "postgresql")
+            t = self.tracked.get(key)
+            if t is None:
+                t = self.tracked[key] = Tracked(group, label, now, cpu)
+            t.t_last, t.cpu_last = now, max(cpu, t.cpu_last)
+            t.window.append((now, cpu))
+            while len(t.window) > 1 and now - t.window[1][0] >= self.WINDOW:
+                t.window.popleft()
+            t0, c0 = t.window[0]
+            if now - t0 >= self.WINDOW * 0.9:
+                t.best_window = max(t.best_window or 0.0, (cpu - c0) / (now - t0))
+        for group, value in rss.items():
+            self.rss_start.setdefault(group, value)
+            self.rss_peak[group] = max(self.rss_peak.get(group, 0), value)
+
+    def groups(self) -> dict[str, list[Tracked]]:
+        out: dict[str, list[Tracked]] = {}
+        for t in self.tracked.values():
+            out.setdefault(t.group, []).append(t)
+        return out
+
+    def cpu_of(self, group: str) -> float:
+        return sum(t.cpu for t in self.groups().get(group, []))
+
+    def busiest(self) -> Tracked | None:
+        return max(self.tracked.values(), key=lambda t: t.ratio, default=None)
+
+    def label_of_pid(self, pid: int) -> str:
+        for (p, _), t in self.tracked.items():
+            if p == pid:
+                return t.label.split(" (pid")[0]
+        return f"pid {pid} (gone)"
 
 
 def pct(values: list[float], p: float) -> float:
@@ -298,7 +498,27 @@ def main() -> None:
     ap.add_argument("--media", choices=("head", "full"), default="head")
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument("--keep", action="store_true", help="keep the state dir (logs) after the run")
+    ap.add_argument(
+        "--cluster",
+        type=int,
+        default=0,
+        help="karios up --cluster N: its own N-node NATS cluster (default 0: the shared NATS)",
+    )
+    ap.add_argument(
+        "--replicas", type=int, default=0, help="karios up --replicas: processes of every service"
+    )
+    ap.add_argument(
+        "--service-replicas",
+        action="append",
+        default=[],
+        metavar="SERVICE=N",
+        help="karios up --service-replicas (repeatable): N processes of SERVICE",
+    )
     a = ap.parse_args()
+    try:
+        parse_service_replicas(a.service_replicas)
+    except ValueError as exc:
+        ap.error(f"--service-replicas: {exc}")
 
     t = time.monotonic()
     emus = start_emulators(a.hosts, a.emulators, a.media)
@@ -311,27 +531,31 @@ def main() -> None:
             f"karios up ready in {time.monotonic() - t:.1f}s; {os.cpu_count()} CPUs, "
             f"load {os.getloadavg()[0]:.1f}"
         )
-        state = s.root / "state"
+        state = s.state
         logs0 = [len(e.log()) for e in emus]
         disk0 = du(state)
         cache = state / "provisioner" / "cache"
         cache0 = du(cache) if cache.exists() else 0
         db0 = asyncio.run(sql(s.db_url, "SELECT pg_database_size(current_database())"))[0][0]
-        peak = {"rss": float(s.provisioner().memory_info().rss), "active": 0.0}
-        rss0 = peak["rss"]
-        cpu0 = cpu_seconds(s, emus)
-        t0 = time.time()
+        peak = {"active": 0.0}
         parent = str(uuid.uuid4())
         accepted: dict[str, float] = {}
+        per_gateway: dict[str, int] = {}
         tap = CommandTap(s)
-        jobs = asyncio.run(post_batch(s, a.hosts, parent, accepted))
+        usage = Usage(s, emus).start()
+        t0 = time.time()
+        jobs = asyncio.run(post_batch(s, a.hosts, parent, accepted, per_gateway))
         posted = time.time() - t0
         last = asyncio.run(watch(s, a.hosts, a.timeout, peak))
         wall = time.time() - t0
+        usage.stop()
         rows = asyncio.run(
-            sql(s.db_url, "SELECT id, state, extract(epoch FROM reset_at), message FROM provision.jobs")
+            sql(
+                s.db_url,
+                "SELECT id, state, extract(epoch FROM reset_at), message, owner FROM provision.jobs",
+            )
         )
-        cpu = {k: v - cpu0[k] for k, v in cpu_seconds(s, emus).items()}
+        cpu = {g: usage.cpu_of(g) for g in ("provisioner", "api-gateway", "emulators")}
         disk1 = du(state)
         base = du(cache) - cache0  # the base ISO(s): once per configuration, not per host
         db1 = asyncio.run(sql(s.db_url, "SELECT pg_database_size(current_database())"))[0][0]
@@ -341,7 +565,14 @@ def main() -> None:
         for job, at in tap.stop().items():
             times.setdefault(job, {})["command"] = at
         peak.update({f"cpu:{k}": v for k, v in cpu.items()})
-        report(
+        peak["rss"] = float(usage.rss_peak.get("provisioner", 0))
+        rss0 = float(usage.rss_start.get("provisioner", 0))
+        names = {url: name for name, url in s.replica_urls().items()}
+        replicas = {
+            "gateway": {names.get(url, url): n for url, n in per_gateway.items()},
+            "provisioner": len(usage.groups().get("provisioner", [])),
+        }
+        ok = report(
             a,
             emus,
             logs0,
@@ -356,7 +587,11 @@ def main() -> None:
             (disk1 - disk0, base),
             db1 - db0,
             last,
+            replicas,
         )
+        report_usage(a, s, usage, rows, db1 - db0)
+        if not ok:
+            sys.exit(1)
     finally:
         if s is not None:
             s.stop(a.keep)
@@ -364,16 +599,21 @@ def main() -> None:
             e.stop()
 
 
-def report(a, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk, db, last) -> None:  # type: ignore[no-untyped-def]
+def report(a, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk, db, last, replicas) -> bool:  # type: ignore[no-untyped-def]
+    """The run's tables; whether every job reset and every system was reset exactly once."""
     resets = [float(r[2]) for r in rows if r[2] is not None]
     failed = [r for r in rows if r[1] in ("failed", "cancelled")]
     requests, reset_posts = 0, 0
+    per_system: collections.Counter[str] = collections.Counter()
     for e, since in zip(emus, logs0, strict=True):
         lines = e.requests_seen(since)
         requests += len(lines)
-        reset_posts += sum(
-            1 for line in lines if re.search(r"POST \S*ComputerSystem\.Reset\S* HTTP/[\d.]+\S*\" 2\d\d", line)
-        )
+        for line in lines:
+            if m := RESET_LINE.search(line):
+                reset_posts += 1
+                per_system[m.group(1)] += 1
+    once = sum(1 for i in range(a.hosts) if per_system.get(f"s{i:05d}") == 1)
+    twice = sum(1 for n in per_system.values() if n > 1)
     stream = times.pop("_stream", {})
     spans = {
         "202 → command in JetStream (gateway's outbox relay)": ("accepted", "command"),
@@ -399,13 +639,16 @@ def report(a, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk
     print(f"| jobs reset / failed | {len(resets)} / {len(failed)} |")
     print(f"| resets seen by the emulators (2xx) | {reset_posts} |")
     print(f"| BMC requests per host (emulator logs) | {requests / max(1, a.hosts):.1f} |")
-    print(f"| provisioner RSS start → peak | {rss0 / 2**20:.0f} → {peak['rss'] / 2**20:.0f} MiB |")
+    summed = f" ({replicas['provisioner']} processes summed)" if replicas["provisioner"] > 1 else ""
+    print(f"| provisioner RSS start → peak{summed} | {rss0 / 2**20:.0f} → {peak['rss'] / 2**20:.0f} MiB |")
     print(f"| state dir growth (of it: base ISO) | {disk[0] / 2**20:.2f} MiB ({disk[1] / 2**20:.2f}) |")
     per_host = (disk[0] - disk[1]) / max(1, a.hosts) / 1024
     print(f"| state dir growth per host, base ISO excluded | {per_host:.1f} KiB |")
     print(f"| database growth | {db / 2**20:.2f} MiB |")
+    print(f"| database growth per host | {db / max(1, a.hosts) / 1024:.1f} KiB |")
+    where = f"the run's {a.cluster}-node NATS cluster, per copy" if a.cluster else "shared NATS"
     print(
-        f"| event stream (shared NATS) | {stream.get('messages', 0):.0f} msgs, "
+        f"| event stream ({where}) | {stream.get('messages', 0):.0f} msgs, "
         f"{stream.get('bytes', 0) / 2**20:.2f} MiB |"
     )
     print(f"| wall time of the run | {wall:.1f} s |")
@@ -417,6 +660,9 @@ def report(a, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk
     print(f"| CPU seconds during the run | {cpu} |")
     per_host = peak.get("cpu:provisioner", 0) / max(1, a.hosts) * 1000
     print(f"| provisioner CPU per host | {per_host:.0f} ms |")
+    print(f"| systems reset exactly once (emulator logs) | {once} of {a.hosts}; {twice} more than once |")
+    gw = replicas["gateway"]
+    print(f"| POSTs (202) per gateway replica | {', '.join(f'{name} {n}' for name, n in gw.items())} |")
     print("\n| stage | p50 s | p90 s | p99 s | max s |\n| --- | --- | --- | --- | --- |")
     for name, (a_, b_) in spans.items():
         d = [t[b_] - t[a_] for t in times.values() if a_ in t and b_ in t]
@@ -427,8 +673,64 @@ def report(a, emus, logs0, jobs, rows, times, t0, posted, wall, peak, rss0, disk
         for r in failed[:5]:
             print(f"  {r[0]}: {r[3][:200]}")
     print(f"\nqueue at the end: queued {last.get('queued')}, active {last.get('active')}")
-    if len(resets) != a.hosts or reset_posts != a.hosts:
-        sys.exit(1)
+    return len(resets) == a.hosts and reset_posts == a.hosts and once == a.hosts
+
+
+def report_usage(a: argparse.Namespace, s: System, usage: Usage, rows: list[Any], db: int) -> None:
+    """Where the CPU and memory went, per group of processes (:class:`Usage`)."""
+    hosts = max(1, a.hosts)
+    owners = collections.Counter(usage.label_of_pid(_owner_pid(r[4])) for r in rows if r[4])
+    print(
+        "\njobs per provisioner replica (lease owner at the end): "
+        + (", ".join(f"{k} {n}" for k, n in sorted(owners.items())) or "none")
+    )
+    print(
+        f"\nCPU and memory during the run ({usage.wall:.1f} s of wall time, sampled every "
+        f"{usage.interval:.0f} s; {a.hosts} hosts; {os.cpu_count()} CPUs)"
+    )
+    print(
+        "\n| processes of | n | CPU s | CPU ms per host | busiest process: CPU / wall (its busiest 5 s) "
+        "| RSS start → peak, summed | RSS growth per host |\n| --- | --- | --- | --- | --- | --- | --- |"
+    )
+    groups = usage.groups()
+    total = 0.0
+    for group in GROUPS:
+        members = groups.get(group, [])
+        if not members:
+            if group == "postgresql" and not usage.pg_local:
+                print("| postgresql | — | not on this machine (or not readable) | | | | |")
+            continue
+        cpu = sum(t.cpu for t in members)
+        total += cpu
+        top = max(members, key=lambda t: t.ratio)
+        start, peak = usage.rss_start.get(group, 0), usage.rss_peak.get(group, 0)
+        print(
+            f"| {group} | {len(members)} | {cpu:.1f} | {cpu / hosts * 1000:.1f} | "
+            f"{top.label.split(' (pid')[0]}: {top.ratio * 100:.0f} % ({_pct(top.best_window)}) | "
+            f"{start / 2**20:.0f} → {peak / 2**20:.0f} MiB | {(peak - start) / hosts / 1024:.1f} KiB |"
+        )
+    print(f"| all of them | {len(usage.tracked)} | {total:.1f} | {total / hosts * 1000:.1f} | | | |")
+    print(f"\ndatabase growth per host: {db / hosts / 1024:.1f} KiB ({db / 2**20:.2f} MiB in all)")
+    if (top := usage.busiest()) is not None:
+        print(
+            f"saturated: {top.label} at {top.ratio * 100:.0f} % of a core "
+            f"(CPU s / wall s over the run; {_pct(top.best_window)} in its busiest 5 s)"
+        )
+    if usage.pg_local:
+        print(
+            "(postgresql: its backends of this database, CPU from when each was first seen; "
+            "memory: their USS, not RSS, which counts the shared buffers once per backend)"
+        )
+
+
+def _pct(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{ratio * 100:.0f} %"
+
+
+def _owner_pid(owner: str) -> int:
+    """The pid in a job's lease owner ``<hostname>-<pid>-<8 hex>`` (0 if none)."""
+    parts = owner.rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
 
 
 if __name__ == "__main__":

@@ -65,6 +65,18 @@ def root(
     STATE["context"] = context
 
 
+def _service_replicas(values: list[str] | None) -> list[str] | None:
+    """``--service-replicas`` checked while the command line is parsed (a usage error naming the
+    option and the services); ``up`` parses the checked values again."""
+    from karios.cli.up import parse_service_replicas
+
+    try:
+        parse_service_replicas(values or [])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return values
+
+
 @app.command()
 def up(
     timeout: Annotated[float, typer.Option(help="seconds to wait for every service to be ready")] = 90.0,
@@ -85,6 +97,17 @@ def up(
     replicas: Annotated[
         int, typer.Option(min=0, max=9, help="processes of every service (default: 2 with --cluster, else 1)")
     ] = 0,
+    service_replicas: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--service-replicas",
+            metavar="SERVICE=N",
+            callback=_service_replicas,
+            help="processes of one service instead of --replicas (repeatable; N 1-9; SERVICE: "
+            + ", ".join(SERVICES)
+            + "), e.g. --service-replicas provisioner=3",
+        ),
+    ] = None,
     context: Annotated[
         str | None,
         typer.Option(
@@ -97,7 +120,7 @@ def up(
 ) -> None:
     """Run the whole system on this machine (embedded NATS + PostgreSQL)."""
     from karios.cli.client.context import check_name
-    from karios.cli.up import Up, state_dir
+    from karios.cli.up import Up, parse_service_replicas, state_dir
 
     if context or STATE.get("context"):
         check_name(context or STATE["context"])  # before anything starts, not once all is ready
@@ -108,6 +131,7 @@ def up(
         otlp_endpoint=otlp_endpoint,
         cluster=cluster,
         replicas=replicas,
+        service_replicas=parse_service_replicas(service_replicas or []),
         context=context or STATE.get("context"),
     )
     raise typer.Exit(Up(args, state_dir()).run())

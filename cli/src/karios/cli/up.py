@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,29 @@ def state_dir() -> Path:
     from karios.common.settings import default_state_dir
 
     return Path(os.environ["KARIOS_STATE_DIR"]) if os.environ.get("KARIOS_STATE_DIR") else default_state_dir()
+
+
+#: The most processes of one service ``karios up`` starts (``--replicas``, ``--service-replicas``).
+MAX_REPLICAS = 9
+
+
+def parse_service_replicas(values: Iterable[str]) -> dict[str, int]:
+    """``--service-replicas SERVICE=N`` (repeatable) as ``{service: N}``: N processes of that
+    service instead of ``--replicas``. A ValueError names what is wrong and the valid services."""
+    names = ", ".join(SERVICES)
+    counts: dict[str, int] = {}
+    for value in values:
+        name, sep, count = (part.strip() for part in value.partition("="))
+        if not sep:
+            raise ValueError(f"{value!r} is not SERVICE=N (SERVICE one of {names})")
+        if name not in SERVICES:
+            raise ValueError(f"{value!r}: no service {name!r}; the services are {names}")
+        if not count.isdigit() or not 1 <= int(count) <= MAX_REPLICAS:
+            raise ValueError(f"{value!r}: N must be a whole number from 1 to {MAX_REPLICAS}")
+        if name in counts:
+            raise ValueError(f"{value!r}: {name} is given twice")
+        counts[name] = int(count)
+    return counts
 
 
 def _persisted_secret(path: Path, make) -> str:  # type: ignore[no-untyped-def]
@@ -165,9 +189,11 @@ class Up:
         self.pg: EmbeddedPostgres | None = None
         self.stopping = False
         # `--cluster N`: N clustered nats-servers (supervised like the services, stopped after
-        # them) and `--replicas` (default 2) processes of every service.
+        # them) and `--replicas` (default 2) processes of every service; `--service-replicas
+        # SERVICE=N` overrides that count for one service.
         self.cluster = int(getattr(args, "cluster", 0) or 0)
         self.replicas = int(getattr(args, "replicas", 0) or (2 if self.cluster else 1))
+        self.service_replicas = dict(getattr(args, "service_replicas", None) or {})
         self.nats_sup = Supervisor(self.env, self.logs, preexec=die_with_parent)
         # The embedded NATS (without --cluster) and PostgreSQL: restarted like the services when
         # they die (same ports, data directory and socket), stopped by their own stop() last.
@@ -324,6 +350,10 @@ class Up:
             if problem := jetstream_space_problem(store, streams):
                 raise StartError(problem)
 
+    def replicas_of(self, service: str) -> int:
+        """How many processes of ``service`` run: ``--service-replicas``, else ``--replicas``."""
+        return self.service_replicas.get(service, self.replicas)
+
     def _add_services(self) -> tuple[str, dict[str, str]]:
         """One supervised child per service replica (replica 1 on the configured port, the others
         on free ones, named ``<service>-<n>``); returns the host and each child's base URL."""
@@ -332,7 +362,7 @@ class Up:
         urls = {}
         for name, spec in SERVICES.items():
             var = f"KARIOS_{spec.port_setting.upper()}"
-            for n in range(1, self.replicas + 1):
+            for n in range(1, self.replicas_of(name) + 1):
                 port = int(self.env.get(var, getattr(settings, spec.port_setting))) if n == 1 else free_port()
                 child = name if n == 1 else f"{name}-{n}"
                 scheme = "https" if serves_tls(name, settings) else "http"  # KARIOS_TLS_CERTFILE
@@ -347,7 +377,7 @@ class Up:
                         env={var: str(port)},
                     )
                 )
-        if self.replicas > 1:
+        if len(urls) > len(SERVICES):  # some service has replicas: every child's URL
             (self.state / "replicas.json").write_text(json.dumps(urls, indent=1) + "\n")
         return host, urls
 
