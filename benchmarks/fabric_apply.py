@@ -95,6 +95,31 @@ def _cpu_times() -> tuple[int, int]:
     return sum(vals[:8]), idle
 
 
+@contextlib.contextmanager
+def perf_record(n_nodes: int):
+    """With ``KARIOS_BENCH_PERF=DIR``: ``perf record -a`` over the Karios apply (the whole
+    machine: the worker, every node's sshd/FRR/vtysh, the RR) into DIR/apply-<N>.data, for
+    ``perf report -i … --sort comm`` (where the apply's CPU goes). Unset: nothing."""
+    out = os.environ.get("KARIOS_BENCH_PERF")
+    if not out or not shutil.which("perf"):
+        yield
+        return
+    os.makedirs(out, exist_ok=True)
+    data = os.path.join(out, f"apply-{n_nodes}.data")
+    proc = subprocess.Popen(
+        ["perf", "record", "-a", "-F", "499", "-o", data, "--", "sleep", "600"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.5)  # perf's buffers mapped before the apply starts
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+        print(f"  perf: {data} (perf report -i {data} --sort comm)", flush=True)
+
+
 class LoadSampler:
     """CPU over a window: whole machine busy % (/proc/stat), and the share of it used by other
     processes: not this benchmark or its children, not inside this lab's namespaces, not one of its ssh
@@ -723,11 +748,12 @@ def measure(
     vteps = allocate_vteps(intent, [t.node_ip for t in targets])
 
     # (a) Karios
-    t0 = time.monotonic()
     clock = PhaseClock()
-    with LoadSampler(lab) as load, RrWatch(lab, t0) as watch, RssPeak() as rss:
-        summary = karios_apply(intent, targets, vteps, clock)
-        row.karios_s = time.monotonic() - t0
+    with perf_record(n_nodes):
+        t0 = time.monotonic()
+        with LoadSampler(lab) as load, RrWatch(lab, t0) as watch, RssPeak() as rss:
+            summary = karios_apply(intent, targets, vteps, clock)
+            row.karios_s = time.monotonic() - t0
     row.phases = clock.spans()
     row.rss_base_mib, row.rss_peak_mib = rss.base, rss.peak
     row.karios_cpu, row.karios_others = load.busy, load.others

@@ -45,8 +45,12 @@ host, and a table of where the CPU and memory go:
   the group's summed RSS, and that growth per host. Sampled every second in a thread from just
   before the first POST to the last reset; a replica restarted meanwhile counts as a process of
   its own.
-- ``saturated: <process> at X % of a core``: the process with the highest CPU / wall ratio over
-  the run (100 % = one core busy all the time).
+- ``machine: X % of N CPUs busy``: the whole machine over the run (``psutil.cpu_times``), and
+  the share of it the processes above account for.
+- ``saturated: …``: the machine, when it was ≥ 85 % busy while no single process used ≥ 85 % of
+  a core (the cost is spread over many processes: add CPUs, or cut the per-host CPU above);
+  else the process with the highest CPU / wall ratio over the run (100 % = one core busy all
+  the time).
 """
 
 from __future__ import annotations
@@ -388,6 +392,7 @@ class Usage:
 
     def start(self) -> Usage:
         self.t0 = time.monotonic()
+        self._cpu0 = psutil.cpu_times()
         self.sample()  # the start values: before the first POST
         self._thread.start()
         return self
@@ -397,6 +402,11 @@ class Usage:
         self._thread.join(30)
         self.sample()
         self.wall = time.monotonic() - self.t0
+        t0, t1 = self._cpu0, psutil.cpu_times()
+        idle = (t1.idle + getattr(t1, "iowait", 0.0)) - (t0.idle + getattr(t0, "iowait", 0.0))
+        total = sum(t1) - sum(t0)
+        #: The whole machine's CPU busy share over the run (every process, ours or not).
+        self.machine_busy = max(0.0, 1 - idle / total) if total > 0 else 0.0
         return self
 
     def _run(self) -> None:
@@ -711,11 +721,20 @@ def report_usage(a: argparse.Namespace, s: System, usage: Usage, rows: list[Any]
         )
     print(f"| all of them | {len(usage.tracked)} | {total:.1f} | {total / hosts * 1000:.1f} | | | |")
     print(f"\ndatabase growth per host: {db / hosts / 1024:.1f} KiB ({db / 2**20:.2f} MiB in all)")
+    ncpu = os.cpu_count() or 1
+    print(
+        f"machine: {usage.machine_busy * 100:.0f} % of {ncpu} CPUs busy over the run "
+        f"({total / usage.wall / ncpu * 100:.0f} % by the processes above)"
+    )
     if (top := usage.busiest()) is not None:
-        print(
-            f"saturated: {top.label} at {top.ratio * 100:.0f} % of a core "
-            f"(CPU s / wall s over the run; {_pct(top.best_window)} in its busiest 5 s)"
+        what = (
+            f"the machine ({ncpu} CPUs {usage.machine_busy * 100:.0f} % busy; no one process is: "
+            f"the busiest, {top.label}, used {top.ratio * 100:.0f} % of a core)"
+            if usage.machine_busy >= 0.85 and top.ratio < 0.85
+            else f"{top.label} at {top.ratio * 100:.0f} % of a core (CPU s / wall s over the run; "
+            f"{_pct(top.best_window)} in its busiest 5 s)"
         )
+        print(f"saturated: {what}")
     if usage.pg_local:
         print(
             "(postgresql: its backends of this database, CPU from when each was first seen; "

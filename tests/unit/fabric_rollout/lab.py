@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from karios.fabric_worker.rollout.intent import FabricIntent
+from karios.fabric_worker.rollout.verify import VERIFY_NO_SESSION
 
 LAB_INTENT: dict[str, Any] = {
     "asn": 65000,
@@ -36,3 +38,34 @@ def discovery_overlay_section() -> str:
     """The overlay section of node2's recorded apply discovery (the vtysh documents, one line)."""
     text = (OVERLAY_FIXTURES / "discover_node2.txt").read_text()
     return text.split("@@karios:overlay\n", 1)[1].split("\n", 1)[0]
+
+
+def with_summary(line: str, summary: str) -> str:
+    """An overlay poll line with `summary` as its EVPN summary (the 4th vtysh document) when it
+    has none: the recordings predate that document. A line with one, or whose vtysh printed
+    fewer than three documents (FRR stopped), is returned as it is."""
+    vtysh, tab, links = line.partition("\t")
+    dec, docs, i = json.JSONDecoder(), 0, 0
+    while i < len(vtysh):
+        try:
+            _, i = dec.raw_decode(vtysh, i)
+        except json.JSONDecodeError:
+            break
+        docs += 1
+    if docs != 3 or i != len(vtysh):
+        return line
+    return vtysh + summary.replace("\n", "") + tab + links
+
+
+def merged_polls(command: str, polls: list[str], overlay: list[str]) -> list[str] | None:
+    """What the apply's one verify-and-overlay loop prints in a fake session (None: `command` is
+    not that loop): a look per verify poll but the last, then the overlay lines, each carrying
+    the last verify poll's summary where it has none."""
+    if "/proc/net/tcp" not in command or "show evpn vni json" not in command:
+        return None
+    if polls and polls[-1] == VERIFY_NO_SESSION:  # never a session: nothing but the gate's lines
+        return polls
+    out = (
+        [p if p == VERIFY_NO_SESSION else with_summary(overlay[0], p) for p in polls[:-1]] if overlay else []
+    )
+    return out + [with_summary(line, polls[-1]) if polls else line for line in overlay]

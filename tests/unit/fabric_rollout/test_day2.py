@@ -250,6 +250,9 @@ class _FakeRollout:
     def needs_recheck(self) -> bool:
         return False
 
+    async def release(self) -> None:
+        return None
+
 
 async def test_node_ready_event_counts_its_own_node_in_progress() -> None:
     targets = [NodeTarget(node_ip=f"198.18.0.{10 + i}", fqdn=f"node{i}") for i in (1, 2, 3, 4)]

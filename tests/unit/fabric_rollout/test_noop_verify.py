@@ -25,7 +25,7 @@ from karios.fabric_worker.rollout.node import NodeRollout, RolloutOptions
 from karios.fabric_worker.rollout.render import NodeRenderInput, render_node_files
 from karios.fabric_worker.rollout.ssh import CommandResult
 from karios.fabric_worker.rollout.verify import VERIFY_NO_SESSION
-from tests.unit.fabric_rollout.lab import discovery_overlay_section, lab_intent, overlay_line
+from tests.unit.fabric_rollout.lab import discovery_overlay_section, lab_intent, merged_polls, overlay_line
 
 FIX = Path(__file__).parent / "fixtures"
 APPLIED_OUT = (FIX / "discover_node2_applied.txt").read_text()
@@ -78,7 +78,10 @@ class RecordingSession:
 
     async def lines(self, command: str, *, limit_s: float = 60.0):
         self.execs.append(command)
-        for line in self.overlay if "show evpn vni json" in command else self.polls:
+        merged = merged_polls(command, self.polls, self.overlay)
+        for line in (
+            merged if merged is not None else self.overlay if "show evpn vni json" in command else self.polls
+        ):
             yield line
 
 
@@ -102,8 +105,10 @@ async def test_unchanged_node_not_yet_established_still_runs_the_verify_loop(evp
     s = RecordingSession(_applied_discovery(evpn), polls=[_summary("Connect"), _summary("Established")])
     await run._apply_with(s, None)
     assert run.result.steps == ["frr_present", "unchanged", "verified", "overlay_checked", "probe_skipped"]
-    assert len(s.execs) == 3 and "show bgp l2vpn evpn summary json" in s.execs[1]
-    assert "show bgp l2vpn evpn route type multicast json" in s.execs[2]  # the overlay checks
+    # The verify and the overlay checks: ONE exec (a loop whose every poll is one vtysh run).
+    assert len(s.execs) == 2 and "show bgp l2vpn evpn summary json" in s.execs[1]
+    assert "show bgp l2vpn evpn route type multicast json" in s.execs[1]
+    assert s.execs[1].count("vtysh ") == 1
 
 
 def _fake_node(tmp: Path, *, bgpd_alive: bool) -> tuple[str, dict[str, str]]:

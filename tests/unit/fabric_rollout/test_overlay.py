@@ -166,8 +166,9 @@ def test_the_probe_runs_at_the_smaller_overlay_mtu_of_the_pair() -> None:
     plan = plan_probe((no_ll, node3), VNIS, 8950, "fe80::1")
     assert isinstance(plan, ProbePlan)
     assert (plan.target, plan.bridge, plan.mtu, plan.payload) == (node3, "br100", 1450, 1402)
-    script = probe_script(plan, attempts=3)
-    assert "ping -6 -n -c 1 -W 1 -M do -s 1402 fe80::3%br100" in script
+    script = probe_script(plan, deadline_s=18)
+    assert "$(ping -6 -n -c 1 -i 0.2 -w 3 -M do -s 1402 fe80::3%br100 2>&1)" in script
+    assert "while [ $i -lt 6 ]" in script  # 18 s in rounds of 3 s
     none = plan_probe((no_ll,), VNIS, 8950, "fe80::1")
     assert none == "no other VTEP with an overlay address rolled out yet"
     assert "no IPv6 link-local" in str(plan_probe((node3,), VNIS, 8950, ""))

@@ -30,7 +30,7 @@ from karios.fabric_worker.rollout.running import (
     running_diff,
 )
 from karios.fabric_worker.rollout.ssh import CommandResult
-from tests.unit.fabric_rollout.lab import overlay_line
+from tests.unit.fabric_rollout.lab import merged_polls, overlay_line
 from tests.unit.fabric_rollout.test_noop_verify import INTENT, VTEP, _applied_discovery, _summary
 
 RUN = Path(__file__).parent / "fixtures" / "running"
@@ -135,7 +135,11 @@ class Session:
 
     async def lines(self, command: str, *, limit_s: float = 60.0):
         self.execs.append(command)
-        yield overlay_line() if "show evpn vni json" in command else _summary("Established")
+        merged = merged_polls(command, [_summary("Established")], [overlay_line()])
+        for line in merged or [
+            overlay_line() if "show evpn vni json" in command else _summary("Established")
+        ]:
+            yield line
 
 
 def _rendered_running() -> str:

@@ -221,3 +221,54 @@ async def test_a_lost_echo_from_a_peer_checked_before_this_node_is_inconclusive_
     run._overlay_mtu = 8950
     with pytest.raises(FabricVerifyFailed, match="no reply after"):
         await run._probe(s, "fe80::2", None)  # its reply path was checked: this node's failure
+
+
+# -- the recheck on the apply's own connection ---------------------------------------------------
+
+
+class _CountingCtx(_Ctx):
+    """A session factory's context that counts connects and closes."""
+
+    opened = closed = 0
+
+    async def __aenter__(self) -> RecordingSession:
+        type(self).opened += 1
+        return self.s
+
+    async def __aexit__(self, *exc: object) -> None:
+        type(self).closed += 1
+
+
+async def test_the_recheck_reuses_the_apply_connection_and_closes_it_after() -> None:
+    rolled = RolledOut()
+    target = NodeTarget(node_ip="198.18.0.12", fqdn="node2", password="x")
+    opts = RolloutOptions(verify_timeout=5, verify_interval=0.01, settle_timeout=0.5, dataplane_probe=False)
+    run = NodeRollout(target, INTENT, VTEP, options=opts, rolled_out=rolled, keep_session=True)
+    s = ResetRecordingSession(_applied_discovery(None), polls=[_summary("Established")])
+    s.closed, s.host_key, s.host_key_first_seen = False, "", False  # type: ignore[attr-defined]
+    _CountingCtx.opened = _CountingCtx.closed = 0
+    run._session = lambda: _CountingCtx(s)  # type: ignore[method-assign]
+    result = await run.apply()
+    assert result.ok, result.error
+    assert (_CountingCtx.opened, _CountingCtx.closed) == (1, 0)  # kept open for the job's recheck
+    rolled.add(RolledOutVtep("198.18.0.11", "node1 (198.18.0.11)", "198.19.1.1", "fe80::1", 8950))
+    assert run.needs_recheck()
+    await run.recheck()
+    assert run.result.steps[-1] == "rechecked" and run.result.ok
+    assert (_CountingCtx.opened, _CountingCtx.closed) == (1, 1)  # no second handshake; closed after
+    await run.release()  # idempotent: nothing left to close
+    assert _CountingCtx.closed == 1
+
+
+async def test_a_kept_connection_is_released_when_no_recheck_needs_it() -> None:
+    target = NodeTarget(node_ip="198.18.0.12", fqdn="node2", password="x")
+    opts = RolloutOptions(verify_timeout=5, verify_interval=0.01, settle_timeout=0.5, dataplane_probe=False)
+    run = NodeRollout(target, INTENT, VTEP, options=opts, keep_session=True)
+    s = ResetRecordingSession(_applied_discovery(None), polls=[_summary("Established")])
+    s.closed, s.host_key, s.host_key_first_seen = False, "", False  # type: ignore[attr-defined]
+    _CountingCtx.opened = _CountingCtx.closed = 0
+    run._session = lambda: _CountingCtx(s)  # type: ignore[method-assign]
+    assert (await run.apply()).ok
+    assert not run.needs_recheck()
+    await run.release()
+    assert (_CountingCtx.opened, _CountingCtx.closed) == (1, 1)

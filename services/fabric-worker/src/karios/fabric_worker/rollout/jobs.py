@@ -168,8 +168,11 @@ class ApplyJob:
                 self._strict_failed = True
                 self._abort.set()
 
-        await asyncio.gather(*(one(r) for r in runs))
-        await self._recheck(runs, sem)
+        try:
+            await asyncio.gather(*(one(r) for r in runs))
+            await self._recheck(runs, sem)
+        finally:
+            await asyncio.gather(*(r.release() for r in runs))
         forced = self._cancelled or self._strict_failed
         if forced:
             to_roll = [r for r in runs if r.result.touched]
@@ -251,6 +254,7 @@ class ApplyJob:
             progress=self._on_node,
             before_change=self._before_change,
             rolled_out=self.rolled_out,
+            keep_session=True,  # for the closing recheck: no second SSH handshake per node
         )
 
     async def _roll_back(self, runs: Sequence[NodeRollout], sem: asyncio.Semaphore, *, forced: bool) -> None:

@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from secrets import token_hex
 
 from pydantic import BaseModel
@@ -50,8 +50,10 @@ from karios.fabric_worker.rollout.overlay import (
     probe_message,
     probe_rtt_ms,
     probe_script,
+    session_peer,
     settle_deadline,
     silent_hub,
+    verify_overlay_loop_script,
 )
 from karios.fabric_worker.rollout.ownership import foreign_devices, with_record
 from karios.fabric_worker.rollout.plan import (
@@ -157,8 +159,13 @@ class NodeRollout:
         progress: ProgressFn | None = None,
         before_change: BaselineFn | None = None,
         rolled_out: RolledOut | None = None,
+        keep_session: bool = False,
     ) -> None:
         self.target = target
+        # `keep_session`: an applied node's SSH connection stays open for the job's closing
+        # recheck (closed by it, or by release()); else each step connects anew.
+        self._keep_session = keep_session
+        self._kept: tuple[NodeSession, contextlib.AsyncExitStack] | None = None
         self.rolled_out = rolled_out if rolled_out is not None else RolledOut()
         self._before_change = before_change
         self._baseline_kept = False
@@ -283,6 +290,8 @@ class NodeRollout:
                 raise
             r.host_key, r.host_key_first_seen = s.host_key, s.host_key_first_seen
             await self._apply_with(s, abort)
+            if self._keep_session and self.intent.vnis and self.intent.advertise_all_vni:
+                self._kept = (s, stack.pop_all())  # the recheck's, or release()'s to close
 
     async def _apply_with(self, s: NodeSession, abort: asyncio.Event | None) -> None:
         r, opts = self.result, self.options
@@ -353,42 +362,57 @@ class NodeRollout:
             ]
         self._check_abort(abort)
         await self._emit("node_verifying")
-        with metrics.timed("verify", FabricVerifyFailed), step_span(TRACER, "fabric.node.verify"):
-            await self._verify(s, abort)
-        r.steps.append("verified")
-        self._advertised()
-        with step_span(TRACER, "fabric.node.overlay_checks"):
-            link_local = await self._check_overlay(s, abort)
-            r.steps.append("overlay_checked")
-            if self.options.dataplane_probe:
+        # The verify and the overlay checks read ONE remote loop (one exec, one vtysh run per
+        # poll): the poll that verifies is the overlay checks' first look.
+        opts, peer_ip = self.options, self.intent.peer_ip
+        polls = self._overlay_polls() if self.intent.vnis else 0
+        polls += math.ceil(opts.verify_timeout / opts.verify_interval) + 2
+        if self.intent.vnis:
+            script = verify_overlay_loop_script(opts.verify_interval, polls, peer_ip)
+        else:
+            script = verify_loop_script(opts.verify_interval, polls, peer_ip)
+        async with contextlib.aclosing(s.lines(script, limit_s=opts.command_timeout)) as lines:
+            with metrics.timed("verify", FabricVerifyFailed), step_span(TRACER, "fabric.node.verify"):
+                first = await self._verify(lines, abort)
+            r.steps.append("verified")
+            self._advertised()
+            with step_span(TRACER, "fabric.node.overlay_checks"):
+                link_local = await self._overlay_from(s, lines, abort, first)
+        r.steps.append("overlay_checked")
+        if self.options.dataplane_probe:
+            with step_span(TRACER, "fabric.node.probe"):
                 await self._probe(s, link_local, abort)
         self._rolled_out(link_local)
 
-    async def _verify(self, s: NodeSession, abort: asyncio.Event | None) -> None:
-        """Poll the EVPN summary until the peer is Established with routes sent: one SSH exec
-        running the poll loop on the node and streaming a line per poll (not an exec per poll)."""
+    async def _verify(self, lines: AsyncIterator[str], abort: asyncio.Event | None) -> str:
+        """Read the poll loop until the peer is Established with routes sent; returns the line
+        that showed it (an overlay line when the intent has VNIs, else the EVPN summary)."""
         opts = self.options
         deadline = time.monotonic() + opts.verify_timeout
         expect_routes = bool(self.intent.vnis) and self.intent.advertise_all_vni
         verdict = "not checked"
-        polls = math.ceil(opts.verify_timeout / opts.verify_interval) + 2
-        script = verify_loop_script(opts.verify_interval, polls, self.intent.peer_ip)
-        async with contextlib.aclosing(s.lines(script, limit_s=opts.command_timeout)) as lines:
-            async for line in lines:
-                self._check_abort(abort)
-                if line == VERIFY_NO_SESSION:
-                    verdict = no_session_verdict(self.intent.peer_ip)
-                    if time.monotonic() >= deadline:
-                        break
-                    continue
-                peer = parse_evpn_summary(line, self.intent.peer_ip)
-                verdict = verify_verdict(peer, self.intent.peer_ip, expect_routes) or ""
-                metrics.evpn_seen(self.target.node_ip, peer)
-                if not verdict:
-                    return
+        async for line in lines:
+            self._check_abort(abort)
+            if line == VERIFY_NO_SESSION:
+                verdict = no_session_verdict(self.intent.peer_ip)
                 if time.monotonic() >= deadline:
                     break
+                continue
+            if self.intent.vnis:
+                peer = session_peer(parse_overlay(line), self.intent.peer_ip)
+            else:
+                peer = parse_evpn_summary(line, self.intent.peer_ip)
+            verdict = verify_verdict(peer, self.intent.peer_ip, expect_routes) or ""
+            metrics.evpn_seen(self.target.node_ip, peer)
+            if not verdict:
+                return line
+            if time.monotonic() >= deadline:
+                break
         raise FabricVerifyFailed(f"{self._who()}: {verdict} after {opts.verify_timeout:.0f} s")
+
+    def _overlay_polls(self) -> int:
+        # The loop ends by itself after twice the settle time (a VTEP counted late extends it).
+        return math.ceil(2 * self.options.settle_timeout / self.options.verify_interval) + 2
 
     # -- post-deploy overlay checks (the rules: :mod:`.overlay`) ------------------------------
 
@@ -405,9 +429,16 @@ class NodeRollout:
         Said only when it changes something: a reset (``node_ready`` again, with it) or a failure
         (``node_failed``: the node is then rolled back like any failed node)."""
         r, before = self.result, len(self.result.repaired)
+        kept, self._kept = self._kept, None
         try:
-            async with self._session() as s:
-                await self._check_overlay(s, abort)
+            if kept is not None and not kept[0].closed:
+                async with kept[1]:  # the apply's own connection, closed after this check
+                    await self._check_overlay(kept[0], abort)
+            else:
+                if kept is not None:
+                    await kept[1].aclose()
+                async with self._session() as s:
+                    await self._check_overlay(s, abort)
             r.steps.append("rechecked")
             if len(r.repaired) > before:
                 said = ["rechecked after every node", *r.repaired[before:]]
@@ -420,6 +451,13 @@ class NodeRollout:
             self.rolled_out.discard(self.target.node_ip)
             await self._emit("node_failed", r.error)
         return r
+
+    async def release(self) -> None:
+        """Close the connection kept for the recheck (idempotent)."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            with contextlib.suppress(Exception):
+                await kept[1].aclose()
 
     def _expected_vteps(self) -> set[str]:
         """The other VTEPs already rolled out or verified (their routes are on the hub): this node
@@ -466,37 +504,56 @@ class NodeRollout:
         IMET route from every other rolled-out VTEP (those counted by each poll: a node of the
         same job verified meanwhile is waited for too), polled until `settle_timeout` (one exec
         streaming a line per poll, like the verify). Returns the probe bridge's link-local."""
+        if not self.intent.vnis:
+            return ""
+        script = overlay_loop_script(self.options.verify_interval, self._overlay_polls())
+        async with contextlib.aclosing(s.lines(script, limit_s=self.options.command_timeout)) as lines:
+            return await self._overlay_from(s, lines, abort)
+
+    async def _overlay_from(
+        self, s: NodeSession, lines: AsyncIterator[str], abort: asyncio.Event | None, first: str | None = None
+    ) -> str:
+        """The overlay checks on a stream of overlay lines (`first`: one already read)."""
         vnis = self.intent.vnis
         if not vnis:
             return ""
         opts, evpn = self.options, self.intent.advertise_all_vni
         t0 = time.monotonic()
-        verdict, window = "not checked", opts.settle_timeout
-        reset_at = 0.0  # when a silent hub's session was reset (0: not)
-        # The loop ends by itself after twice the settle time (a VTEP counted late extends it).
-        polls = math.ceil(2 * opts.settle_timeout / opts.verify_interval) + 2
-        script = overlay_loop_script(opts.verify_interval, polls)
-        async with contextlib.aclosing(s.lines(script, limit_s=opts.command_timeout)) as lines:
-            async for line in lines:
-                self._check_abort(abort)
-                view = parse_overlay(line)
-                peers = self.rolled_out.others(self.target.node_ip, self.vtep_ip)
-                expected = {p.vtep_ip for p in peers}
+        state = {"verdict": "not checked", "window": opts.settle_timeout, "reset_at": 0.0}
+
+        async def look(line: str) -> str | None:
+            """One poll: the link-local when the checks pass, None to go on; raises at the end."""
+            self._check_abort(abort)
+            peers = self.rolled_out.others(self.target.node_ip, self.vtep_ip)
+            expected = {p.vtep_ip for p in peers}
+            view = None if line == VERIFY_NO_SESSION else parse_overlay(line)
+            if view is None:  # the session went away after the verify
+                verdict = no_session_verdict(self.intent.peer_ip)
+            else:
                 verdict = overlay_verdict(view, vnis, expected, evpn=evpn) or ""
-                now = time.monotonic()
-                if not verdict:
-                    passed = overlay_passed(view, vnis, expected, evpn=evpn)
-                    self.result.checks.append(f"{passed} after {now - t0:.1f} s")
-                    self._checked_against = expected
-                    return view.link_locals.get(self._bridge(), "")
-                if not reset_at and evpn and await self._reset_silent_hub(s, view, expected):
-                    reset_at = time.monotonic()  # once per check; the session then gets the window again
-                deadline = settle_deadline(t0, peers, opts.settle_timeout)
-                deadline = max(deadline, reset_at + opts.settle_timeout)
-                window = deadline - t0  # the settle time, longer when a VTEP was counted late
-                if now >= deadline:
-                    break
-        raise FabricVerifyFailed(f"{self._who()}: {verdict} after {window:.0f} s")
+            state["verdict"] = verdict
+            now = time.monotonic()
+            if view is not None and not verdict:
+                passed = overlay_passed(view, vnis, expected, evpn=evpn)
+                self.result.checks.append(f"{passed} after {now - t0:.1f} s")
+                self._checked_against = expected
+                return view.link_locals.get(self._bridge(), "")
+            silent = view is not None and not state["reset_at"] and evpn
+            if silent and view is not None and await self._reset_silent_hub(s, view, expected):
+                state["reset_at"] = time.monotonic()  # once per check; then the window again
+            deadline = settle_deadline(t0, peers, opts.settle_timeout)
+            deadline = max(deadline, state["reset_at"] + opts.settle_timeout)
+            state["window"] = deadline - t0  # the settle time, longer when a VTEP was counted late
+            if now >= deadline:
+                raise FabricVerifyFailed(f"{self._who()}: {verdict} after {state['window']:.0f} s")
+            return None
+
+        if first is not None and (found := await look(first)) is not None:
+            return found
+        async for line in lines:
+            if (found := await look(line)) is not None:
+                return found
+        raise FabricVerifyFailed(f"{self._who()}: {state['verdict']} after {state['window']:.0f} s")
 
     async def _reset_silent_hub(self, s: NodeSession, view: OverlayView, expected: set[str]) -> bool:
         """Reset the session to a hub that sends this node nothing (:func:`.overlay.silent_hub`);
@@ -527,9 +584,9 @@ class NodeRollout:
             self.result.steps.append("probe_skipped")
             return
         self._check_abort(abort)
-        attempts = max(1, math.ceil(self.options.settle_timeout / 1.3))
+        deadline = max(1, math.ceil(self.options.settle_timeout))
         t0 = time.monotonic()
-        out = await s.run(probe_script(plan, attempts), check=False, limit_s=self.options.command_timeout)
+        out = await s.run(probe_script(plan, deadline), check=False, limit_s=self.options.command_timeout)
         elapsed = time.monotonic() - t0
         rtt = probe_rtt_ms(out.stdout)
         message = probe_message(plan, rtt, elapsed)

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shlex
 
 from karios.fabric_worker.rollout.facts import OVERLAY_VTYSH as OVERLAY_COMMAND
 from karios.fabric_worker.rollout.facts import Interface, parse_interfaces
+from karios.fabric_worker.rollout.verify import EvpnPeer, verify_loop_script
 
 LINKS_COMMAND = "ip -j -d addr show"
 # One poll = one line: the three vtysh JSON documents, a tab, the `ip` JSON.
@@ -39,6 +41,20 @@ _POLL = (
     f"{{ {{ {OVERLAY_COMMAND} 2>/dev/null || true; }} | tr -d '\\n\\t'; printf '\\t'; "
     f"{LINKS_COMMAND} 2>/dev/null | tr -d '\\n'; echo; }} || exit 0; "
 )
+
+
+def verify_overlay_loop_script(interval: float, polls: int, peer_ip: str) -> str:
+    """The verify and then the overlay checks as ONE remote loop (one exec per node, one vtysh
+    run per poll): :func:`.verify.verify_loop_script` gated on the BGP session, each poll the
+    overlay line (:func:`parse_overlay`), whose EVPN summary is the verify's
+    (:func:`session_peer`); the line that verifies is the overlay checks' first look."""
+    return verify_loop_script(interval, polls, peer_ip, full=_POLL)
+
+
+def session_peer(view: OverlayView, peer_ip: str) -> EvpnPeer | None:
+    """The verify's view of the peer from an overlay line (None: not in the EVPN summary)."""
+    s = view.sessions.get(peer_ip)
+    return None if s is None else EvpnPeer(state=s.state, pfx_rcd=s.pfx_rcd, pfx_snt=s.pfx_snt)
 
 
 def overlay_loop_script(interval: float, polls: int) -> str:
@@ -399,14 +415,20 @@ def plan_probe(
     return ProbePlan(target=peer, bridge=bridge, mtu=mtu)
 
 
-def probe_script(plan: ProbePlan, attempts: int, wait_s: int = 1) -> str:
-    """Ping the peer's bridge link-local with DF at the pair's MTU until one echo comes back
-    (at most `attempts` pings, `wait_s` s each); prints ping's output of the last attempt."""
+PROBE_ROUND_S = 3  # one ping process: a neighbour resolution that fails ends it after ~3 s
+
+
+def probe_script(plan: ProbePlan, deadline_s: int, interval_s: float = 0.2) -> str:
+    """Ping the peer's bridge link-local with DF at the pair's MTU until the first reply, for
+    about `deadline_s` s: each round is one ping process sending an echo request every
+    `interval_s` s (a reply is seen within `interval_s` of the path converging), ended by the
+    reply, by its own deadline, or by a failed neighbour resolution (iputils then exits after
+    ~3 s: "Address unreachable"); then the next round. Prints the last round's output."""
     dst = shlex.quote(f"{plan.target.link_local}%{plan.bridge}")
-    ping = f"ping -6 -n -c 1 -W {int(wait_s)} -M do -s {plan.payload} {dst}"
+    ping = f"ping -6 -n -c 1 -i {interval_s:.1f} -w {PROBE_ROUND_S} -M do -s {plan.payload} {dst}"
+    rounds = max(1, math.ceil(deadline_s / PROBE_ROUND_S))
     return (
-        f"i=0; while [ $i -lt {int(attempts)} ]; do out=$({ping} 2>&1) && break; "
-        f'i=$((i+1)); sleep 0.3; done; echo "$out"; true'
+        f'i=0; while [ $i -lt {rounds} ]; do out=$({ping} 2>&1) && break; i=$((i+1)); done; echo "$out"; true'
     )
 
 

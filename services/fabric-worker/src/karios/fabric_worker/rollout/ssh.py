@@ -86,6 +86,11 @@ class NodeSession:
             if proc is not None:
                 proc.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is gone (closed by either side)."""
+        return self._conn.is_closed()
+
     async def close(self) -> None:
         self._conn.close()
         with contextlib.suppress(Exception):

@@ -45,13 +45,15 @@ def bgp_session_test(peer_ip: str) -> str:
     )
 
 
-def verify_loop_script(interval: float, polls: int, peer_ip: str | None = None) -> str:
+def verify_loop_script(interval: float, polls: int, peer_ip: str | None = None, full: str = "") -> str:
     """The verify as ONE remote loop (one SSH exec per node, not one per poll): every `interval`
     s, `show bgp l2vpn evpn summary json` on one line (empty when vtysh fails), at most `polls`
     times. With `peer_ip`, a poll with no TCP session to the peer prints :data:`VERIFY_NO_SESSION`
     instead (but every :data:`VERIFY_FULL_EVERY`-th poll and the last run vtysh anyway). It ends
-    by itself, or at its next write once the client closed the channel."""
-    summary = f"{{ {EVPN_SUMMARY_COMMAND} 2>/dev/null || true; }} | tr -d '\\n'; echo || exit 0; "
+    by itself, or at its next write once the client closed the channel. `full`: another poll
+    printing one line (the overlay checks' poll, whose vtysh run includes the summary) instead
+    of the summary alone."""
+    summary = full or f"{{ {EVPN_SUMMARY_COMMAND} 2>/dev/null || true; }} | tr -d '\\n'; echo || exit 0; "
     poll = summary
     if peer_ip is not None:
         poll = (
