@@ -154,18 +154,23 @@ async def test_a_node_checked_before_the_others_were_counted_is_rechecked() -> N
     run.result.ok = True  # as apply() sets it
     assert not run.needs_recheck()  # nobody else counted: its check expected no one
     rolled.add(RolledOutVtep("198.18.0.11", "node1 (198.18.0.11)", "198.19.1.1", "fe80::1", 8950))
+    assert not run.needs_recheck()  # counted later, but its IMET routes were in node2's look already
+    rolled.add(GHOST)  # counted later, and its routes were not there: look again
     assert run.needs_recheck()
-    run._session = lambda: _Ctx(ResetRecordingSession("", polls=[]))  # type: ignore[method-assign]
+    late = [_line(HEALTHY, imet_from_ghost=True)]  # meanwhile they came
+    run._session = lambda: _Ctx(ResetRecordingSession("", polls=[], overlay=late))  # type: ignore[method-assign]
     events.clear()
-    await run.recheck()  # node2's recorded view holds node1's IMET routes
+    await run.recheck()
     assert run.result.ok and run.result.steps[-1] == "rechecked" and not events  # said only on a change
     assert not run.needs_recheck()
-    rolled.add(GHOST)  # a VTEP whose IMET route this node does not have
+    rolled.add(dataclasses.replace(GHOST, node_ip="198.18.0.17", vtep_ip="198.19.1.7"))  # never arrives
+    assert run.needs_recheck()
     await run.recheck()
     assert not run.result.ok
     assert run.result.error.startswith(
         "after every node was rolled out: node2 (198.18.0.12): VNI 100: no IMET"
     )
+    assert "198.19.1.7" in run.result.error
     assert [e.state for e in events] == ["node_failed"]
     assert "198.18.0.12" not in {v.node_ip for v in rolled.others("x", "y")}  # nobody waits for it
 
@@ -251,8 +256,9 @@ async def test_the_recheck_reuses_the_apply_connection_and_closes_it_after() -> 
     result = await run.apply()
     assert result.ok, result.error
     assert (_CountingCtx.opened, _CountingCtx.closed) == (1, 0)  # kept open for the job's recheck
-    rolled.add(RolledOutVtep("198.18.0.11", "node1 (198.18.0.11)", "198.19.1.1", "fe80::1", 8950))
+    rolled.add(GHOST)  # counted after its check, its IMET routes not in that look
     assert run.needs_recheck()
+    s.overlay = [_line(HEALTHY, imet_from_ghost=True)]  # they came meanwhile
     await run.recheck()
     assert run.result.steps[-1] == "rechecked" and run.result.ok
     assert (_CountingCtx.opened, _CountingCtx.closed) == (1, 1)  # no second handshake; closed after

@@ -42,6 +42,7 @@ from karios.fabric_worker.rollout.overlay import (
     RolledOutVtep,
     hub_reset_command,
     imet_missing,
+    imet_on_every_vni,
     overlay_loop_script,
     overlay_passed,
     overlay_verdict,
@@ -178,7 +179,8 @@ class NodeRollout:
         self.result = NodeResult(node_ip=target.node_ip, fqdn=target.fqdn, vtep_ip=vtep_ip)
         self._overlay: OverlayView | None = None  # the apply discovery's look at the overlay
         self._overlay_mtu = 0
-        self._checked_against: set[str] = set()  # the other VTEPs its passed overlay check expected
+        # The other VTEPs its passed overlay check expected, and those whose IMET routes it had.
+        self._checked_against: set[str] = set()
         self._fence = token_hex(8)  # tags this run's steps; the rollback fences them
         self._secrets = intent.secrets() + [
             s.get_secret_value() for s in (target.password, target.private_key) if s is not None
@@ -417,8 +419,9 @@ class NodeRollout:
     # -- post-deploy overlay checks (the rules: :mod:`.overlay`) ------------------------------
 
     def needs_recheck(self) -> bool:
-        """Whether its passed overlay check expected fewer VTEPs than the job rolled out in the
-        end (a node checked before others were counted never looked for their IMET routes)."""
+        """Whether the job rolled out a VTEP its passed overlay check neither expected nor had
+        the IMET routes of (a node checked before the others were counted never looked for
+        theirs; one whose look already held them needs no second one)."""
         if not self.result.ok or not self.intent.vnis or not self.intent.advertise_all_vni:
             return False
         return bool(self._expected_vteps() - self._checked_against)
@@ -495,7 +498,7 @@ class NodeRollout:
         if view is None or overlay_verdict(view, self.intent.vnis, expected, evpn=evpn) is not None:
             return False
         self.result.checks.append(overlay_passed(view, self.intent.vnis, expected, evpn=evpn))
-        self._checked_against = expected
+        self._checked_against = expected | imet_on_every_vni(view, self.intent.vnis)
         self._rolled_out(view.link_locals.get(self._bridge(), ""))
         return True
 
@@ -536,7 +539,7 @@ class NodeRollout:
             if view is not None and not verdict:
                 passed = overlay_passed(view, vnis, expected, evpn=evpn)
                 self.result.checks.append(f"{passed} after {now - t0:.1f} s")
-                self._checked_against = expected
+                self._checked_against = expected | imet_on_every_vni(view, vnis)
                 return view.link_locals.get(self._bridge(), "")
             silent = view is not None and not state["reset_at"] and evpn
             if silent and view is not None and await self._reset_silent_hub(s, view, expected):

@@ -253,6 +253,15 @@ def imet_seen(view: OverlayView) -> dict[int, set[str]]:
     return seen
 
 
+def imet_on_every_vni(view: OverlayView, vnis: tuple[int, ...]) -> set[str]:
+    """The VTEPs the node has an IMET route from on every configured VNI: what a passed check
+    saw arrive, counted by the job or not (a VTEP counted later whose routes were already in
+    needs no second look)."""
+    seen = imet_seen(view)
+    per_vni = [seen.get(vni, set()) for vni in vnis]
+    return set.intersection(*per_vni) if per_vni else set()
+
+
 def imet_missing(view: OverlayView, vnis: tuple[int, ...], expected: set[str]) -> dict[int, set[str]]:
     """Per configured VNI, the `expected` VTEPs (the other rolled-out nodes') with no IMET route."""
     if not expected:
