@@ -63,6 +63,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -151,12 +152,14 @@ class System(KariosUp):
             "BMC_PER_SUBNET": "4",
             "BUILD_CONCURRENCY": "2",
         }
+        self.endpoints_file = self._endpoints_file(endpoints)
         env = {f"KARIOS_PROVISIONER_{k}": v for k, v in self.limits.items()}
         if not a.cluster:  # the shared NATS; with --cluster, karios up's own cluster
             env["KARIOS_NATS_URL"] = os.environ.get("KARIOS_NATS_URL", "nats://127.0.0.1:4222")
         env |= {
             "KARIOS_BUS_PREFIX": self.prefix,
-            "KARIOS_PROVISIONER_BMC_ENDPOINTS": json.dumps(endpoints, separators=(",", ":")),
+            # A file: 10,000 endpoints are ~700 KB, over what one environment variable holds.
+            "KARIOS_PROVISIONER_BMC_ENDPOINTS_FILE": str(self.endpoints_file),
             "KARIOS_PROVISIONER_BMC_TIMEOUT": "60",
             # BMC credentials: the documented name, and the one ProvisionerConfig reads today (its
             # validation_alias drops the env prefix: KARIOS_PROVISIONER_BMC_USER is ignored)
@@ -168,6 +171,13 @@ class System(KariosUp):
             "KARIOS_PROVISIONER_STAGE_DEADLINE": "3600",
         }
         super().__init__("storm", {"devices": devices}, env, up_args=up_args)
+
+    @staticmethod
+    def _endpoints_file(endpoints: dict[str, dict[str, str]]) -> Path:
+        fd, name = tempfile.mkstemp(prefix="karios-storm-bmcs-", suffix=".json")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(endpoints, fh, separators=(",", ":"))
+        return Path(name)
 
 
 def du(path: Path) -> int:
@@ -605,6 +615,7 @@ def main() -> None:
     finally:
         if s is not None:
             s.stop(a.keep)
+            s.endpoints_file.unlink(missing_ok=True)
         for e in emus:
             e.stop()
 

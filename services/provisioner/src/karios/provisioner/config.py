@@ -6,10 +6,11 @@ unset are derived from the shared :class:`KariosSettings`. Tests build their own
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from karios.common.errors import PermanentFailure
@@ -91,6 +92,11 @@ class ProvisionerConfig(BaseSettings):
     #   "tls": "ca" | "tofu" | "insecure" (older "verify_tls": true/false = ca/insecure),
     #   "username": "…", "password": "…"}}
     bmc_endpoints: dict[str, dict[str, Any]] = Field(default_factory=dict, repr=False)
+    bmc_endpoints_file: Path | None = Field(
+        None,
+        description="JSON file of per-BMC overrides, the shape of bmc_endpoints (a fleet's worth does "
+        "not fit in one environment variable: 128 KiB); bmc_endpoints' own entries win",
+    )
     mirror_host: str = Field("deb.debian.org", description="Debian archive host[:port] installers use")
     mirror_dir: str = Field("/debian", description="Directory of the Debian archive on mirror_host")
     mirror_proxy: str = Field(
@@ -161,10 +167,33 @@ class ProvisionerConfig(BaseSettings):
     @field_validator("bmc_endpoints")
     @classmethod
     def _known_tls_modes(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        for ip, over in value.items():
-            if "tls" in over and str(over["tls"]).lower() not in ("ca", "tofu", "insecure"):
-                raise ValueError(f"bmc_endpoints[{ip}].tls: {over['tls']!r} is not one of ca, tofu, insecure")
+        _check_tls_modes(value, "bmc_endpoints")
         return value
+
+    @field_validator("bmc_endpoints_file", mode="before")
+    @classmethod
+    def _empty_file_is_unset(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @model_validator(mode="after")
+    def _endpoints_from_file(self) -> ProvisionerConfig:
+        """Merge bmc_endpoints_file under bmc_endpoints (a start-up error names the file)."""
+        if self.bmc_endpoints_file is None:
+            return self
+        path = self.bmc_endpoints_file
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            raise ValueError(f"bmc_endpoints_file {path}: cannot be read ({exc.strerror})") from None
+        except ValueError as exc:
+            raise ValueError(f"bmc_endpoints_file {path}: not JSON ({exc})") from None
+        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+            raise ValueError(
+                f'bmc_endpoints_file {path}: not an object of BMC address → {{"url": …}} objects'
+            )
+        _check_tls_modes(data, f"bmc_endpoints_file {path}")
+        self.bmc_endpoints = {**data, **self.bmc_endpoints}
+        return self
 
     @field_validator("ca_bundle", mode="before")
     @classmethod
@@ -208,3 +237,9 @@ class ProvisionerConfig(BaseSettings):
         cfg.media_dir = cfg.media_dir or base / "media"
         cfg.images_dir = cfg.images_dir or base / "images"
         return cfg
+
+
+def _check_tls_modes(endpoints: dict[str, dict[str, Any]], where: str) -> None:
+    for ip, over in endpoints.items():
+        if "tls" in over and str(over["tls"]).lower() not in ("ca", "tofu", "insecure"):
+            raise ValueError(f"{where}[{ip}].tls: {over['tls']!r} is not one of ca, tofu, insecure")
