@@ -215,12 +215,9 @@ async def test_a_lost_echo_from_a_peer_checked_before_this_node_is_inconclusive_
     run = _node(RolledOut((early,)))
     run._overlay_mtu = 8950
     s = ResetRecordingSession(_applied_discovery(None), polls=[])  # the ping prints nothing: no echo
-    await run._probe(s, "fe80::2", None)
-    assert run.result.steps == ["probe_inconclusive"]
-    assert (
-        "no reply after" in run.result.checks[0]
-        and "inconclusive: node1 (198.18.0.11)" in run.result.checks[0]
-    )
+    step, said = await run._probe(s, "fe80::2", None)
+    assert step == "probe_inconclusive"
+    assert "no reply after" in said and "inconclusive: node1 (198.18.0.11)" in said
     saw_me = dataclasses.replace(early, checked_against=frozenset({VTEP}))
     run = _node(RolledOut((saw_me,)))
     run._overlay_mtu = 8950
@@ -278,3 +275,64 @@ async def test_a_kept_connection_is_released_when_no_recheck_needs_it() -> None:
     assert not run.needs_recheck()
     await run.release()
     assert (_CountingCtx.opened, _CountingCtx.closed) == (1, 1)
+
+
+# -- the probe overlaps the overlay checks ---------------------------------------------------------
+
+
+class _SlowOverlaySession(ResetRecordingSession):
+    """Overlay looks 50 ms apart; records how many had been read when the ping was sent, and
+    answers it with `echo` (a reply) or hangs (`hang`: cancelled or never answered)."""
+
+    def __init__(self, *a, echo: str = "", hang: bool = False, **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*a, **kw)
+        self.read, self.ping_after, self.echo, self.hang = 0, -1, echo, hang
+        self.ping_cancelled = False
+
+    async def lines(self, command: str, *, limit_s: float = 60.0):  # type: ignore[no-untyped-def,override]
+        async for line in super().lines(command, limit_s=limit_s):
+            self.read += 1
+            yield line
+            await asyncio.sleep(0.05)
+
+    async def run(self, command: str, *, input=None, limit_s: float = 60.0, check: bool = True):  # type: ignore[no-untyped-def]
+        if command.startswith("i=0; while") and "ping -6" in command:
+            self.ping_after = self.read
+            if self.hang:
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    self.ping_cancelled = True
+                    raise
+            return CommandResult(0, self.echo, "")
+        return await super().run(command, input=input, limit_s=limit_s, check=check)
+
+
+ECHO = "64 bytes from fe80::1%br100: icmp_seq=1 ttl=64 time=0.113 ms\n1 packets transmitted, 1 received"
+
+
+async def test_the_probe_starts_with_the_overlay_checks_and_counts_after_them() -> None:
+    peer = RolledOutVtep("198.18.0.11", "node1 (198.18.0.11)", "198.19.1.1", "fe80::1", 8950)
+    run = _node(RolledOut((dataclasses.replace(peer, checked_against=frozenset({VTEP})),)))
+    # node2 waits for a VTEP's routes over three looks; they come at the third.
+    overlay = [_line(HEALTHY, imet_from_ghost=False)] * 2 + [_line(HEALTHY, imet_from_ghost=True)]
+    run.rolled_out.add(GHOST)
+    s = _SlowOverlaySession(
+        _applied_discovery(None), polls=[_summary("Established")], overlay=overlay, echo=ECHO
+    )
+    await run._apply_with(s, None)
+    assert s.ping_after == 1  # sent after the verifying look, before the overlay checks passed
+    assert run.result.steps[-3:] == ["verified", "overlay_checked", "probe_ok"]
+    assert "rtt 0.113 ms" in run.result.checks[-1]
+
+
+async def test_an_overlay_failure_cancels_the_probe_running_beside_it() -> None:
+    peer = RolledOutVtep("198.18.0.11", "node1 (198.18.0.11)", "198.19.1.1", "fe80::1", 8950)
+    run = _node(RolledOut((dataclasses.replace(peer, checked_against=frozenset({VTEP})), GHOST)))
+    overlay = [_line(HEALTHY, imet_from_ghost=False)] * 40  # the ghost's routes never come
+    s = _SlowOverlaySession(
+        _applied_discovery(None), polls=[_summary("Established")], overlay=overlay, hang=True
+    )
+    with pytest.raises(FabricVerifyFailed, match=r"no IMET .* from VTEP 198\.19\.1\.9"):
+        await run._apply_with(s, None)
+    assert s.ping_after == 1 and s.ping_cancelled  # the probe ran beside it and was stopped

@@ -373,17 +373,31 @@ class NodeRollout:
             script = verify_overlay_loop_script(opts.verify_interval, polls, peer_ip)
         else:
             script = verify_loop_script(opts.verify_interval, polls, peer_ip)
-        async with contextlib.aclosing(s.lines(script, limit_s=opts.command_timeout)) as lines:
-            with metrics.timed("verify", FabricVerifyFailed), step_span(TRACER, "fabric.node.verify"):
-                first = await self._verify(lines, abort)
-            r.steps.append("verified")
-            self._advertised()
-            with step_span(TRACER, "fabric.node.overlay_checks"):
-                link_local = await self._overlay_from(s, lines, abort, first)
-        r.steps.append("overlay_checked")
-        if self.options.dataplane_probe:
-            with step_span(TRACER, "fabric.node.probe"):
-                await self._probe(s, link_local, abort)
+        probe: asyncio.Task[tuple[str, str]] | None = None
+        try:
+            async with contextlib.aclosing(s.lines(script, limit_s=opts.command_timeout)) as lines:
+                with metrics.timed("verify", FabricVerifyFailed), step_span(TRACER, "fabric.node.verify"):
+                    first = await self._verify(lines, abort)
+                r.steps.append("verified")
+                self._advertised()
+                # The DF probe overlaps the overlay checks (both wait for the fabric to converge)
+                # once the bridge's address is known; its outcome counts after theirs.
+                early = parse_overlay(first).link_locals.get(self._bridge(), "") if self.intent.vnis else ""
+                if opts.dataplane_probe and early:
+                    probe = asyncio.create_task(self._probe(s, early, abort))
+                with step_span(TRACER, "fabric.node.overlay_checks"):
+                    link_local = await self._overlay_from(s, lines, abort, first)
+            r.steps.append("overlay_checked")
+            if opts.dataplane_probe:
+                with step_span(TRACER, "fabric.node.probe"):
+                    step, said = await (probe if probe is not None else self._probe(s, link_local, abort))
+                r.steps.append(step)
+                r.checks.append(said)
+        finally:
+            if probe is not None and not probe.done():
+                probe.cancel()
+                with contextlib.suppress(BaseException):
+                    await probe
         self._rolled_out(link_local)
 
     async def _verify(self, lines: AsyncIterator[str], abort: asyncio.Event | None) -> str:
@@ -570,9 +584,10 @@ class NodeRollout:
         self.result.steps.append("hub_session_reset")
         return True
 
-    async def _probe(self, s: NodeSession, link_local: str, abort: asyncio.Event | None) -> None:
-        """(c) a DF ping at the overlay MTU to another rolled-out node's bridge, across VXLAN;
-        its time is said in node_ready. No overlay address: skipped, and said so."""
+    async def _probe(self, s: NodeSession, link_local: str, abort: asyncio.Event | None) -> tuple[str, str]:
+        """(c) a DF ping at the overlay MTU to another rolled-out node's bridge, across VXLAN:
+        (its step, what it found, said in node_ready with its time). No overlay address:
+        skipped, and said so. A lost echo raises, unless the peer's fault (inconclusive)."""
         peers = self.rolled_out.others(self.target.node_ip, self.vtep_ip)
         plan = plan_probe(
             peers,
@@ -583,9 +598,7 @@ class NodeRollout:
             own_vtep=self.vtep_ip,
         )
         if not isinstance(plan, ProbePlan):
-            self.result.checks.append(f"dataplane probe skipped: {plan}")
-            self.result.steps.append("probe_skipped")
-            return
+            return "probe_skipped", f"dataplane probe skipped: {plan}"
         self._check_abort(abort)
         deadline = max(1, math.ceil(self.options.settle_timeout))
         t0 = time.monotonic()
@@ -598,16 +611,13 @@ class NodeRollout:
             # node's IMET route, so the echo may be lost on its side (a hub that stopped sending
             # to it: the job rechecks it at its end, and repairs or fails *it*). Not this node's
             # failure: said, not raised.
-            self.result.checks.append(
+            return "probe_inconclusive", (
                 f"{message}; inconclusive: {plan.target.label} was checked before this node was counted"
                 " (it is checked again at the end of the job)"
             )
-            self.result.steps.append("probe_inconclusive")
-            return
         if rtt is None:
             raise FabricVerifyFailed(f"{self._who()}: {message}")
-        self.result.checks.append(message)
-        self.result.steps.append("probe_ok")
+        return "probe_ok", message
 
     # -- rollback ------------------------------------------------------------------------
 
