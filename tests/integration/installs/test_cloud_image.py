@@ -34,7 +34,7 @@ import yaml
 
 from tests.fixtures.apps import ADMIN, REQUIRE
 from tests.fixtures.installs import INSTALL_BMC, apt_proxy, lab_cache, register_qcow2, start_install_stack
-from tests.fixtures.provision import bmc_medium_url, wait_bmc_clean, wait_job
+from tests.fixtures.provision import fetch_medium, wait_bmc_clean, wait_job
 from tests.fixtures.sse import open_sse
 from tests.lab import cloudimage
 from tests.lab.vm import GUEST_IP, VM, Disk, free_port
@@ -135,11 +135,7 @@ async def test_a_cloud_image_installs_to_cloud_init_first_boot(cloud_stack, tmp_
             assert r.status_code == 202, r.text
             job = r.json()["job_id"]
             await wait_job(c, job, {"booting"}, timeout=300)
-            async with httpx.AsyncClient(timeout=120) as p:
-                got = await p.get(bmc_medium_url(st.emu, job))
-            assert got.status_code == 200
-            iso = tmp_path / "medium.iso"
-            iso.write_bytes(got.content)
+            iso = await fetch_medium(st.emu, job, tmp_path / "medium.iso")
 
             ssh_port = free_port()
             disk = Disk(tmp_path / "vda.img", 2 << 30)

@@ -25,7 +25,7 @@ import pytest
 from karios.provisioner.install import INSTALL_STAGES
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.installs import InstallStack
-from tests.fixtures.provision import bmc_medium_url, wait_bmc_clean, wait_job
+from tests.fixtures.provision import fetch_medium, wait_bmc_clean, wait_job
 from tests.fixtures.sse import open_sse
 from tests.lab.vm import GUEST_IP, VM, Disk, free_port
 
@@ -63,11 +63,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
         job = r.json()["job_id"]
         await wait_job(c, job, {"booting"}, timeout=300)
         t_booting = time.monotonic()
-        iso = tmp_path / "medium.iso"
-        async with httpx.AsyncClient(timeout=120) as p:
-            got = await p.get(bmc_medium_url(st.emu, job))  # the signed URL the BMC was given
-        assert got.status_code == 200
-        iso.write_bytes(got.content)
+        iso = await fetch_medium(st.emu, job, tmp_path / "medium.iso")  # by the signed URL the BMC was given
 
         ssh_port = free_port()
         disks = [Disk(tmp_path / "vda.img", 4 << 30), Disk(tmp_path / "vdb.img", 4 << 30)]

@@ -19,7 +19,7 @@ import pytest
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.installs import InstallStack, apt_proxy
 from tests.fixtures.preseed_vm import PROXY_IP, PROXY_PORT, netboot_missing
-from tests.fixtures.provision import bmc_medium_url, wait_bmc_clean, wait_job
+from tests.fixtures.provision import fetch_medium, wait_bmc_clean, wait_job
 from tests.fixtures.sse import open_sse
 from tests.lab.vm import VM, Disk
 
@@ -62,11 +62,7 @@ async def test_preseed_job_fails_with_the_installers_message_and_log_tail(
         job = r.json()["job_id"]
         await wait_job(c, job, {"booting"}, timeout=300)
         t_booting = time.monotonic()
-        async with httpx.AsyncClient(timeout=120) as p:
-            got = await p.get(bmc_medium_url(st.emu, job))  # the signed URL the BMC was given
-        assert got.status_code == 200
-        iso = tmp_path / "medium.iso"
-        iso.write_bytes(got.content)
+        iso = await fetch_medium(st.emu, job, tmp_path / "medium.iso")  # by the signed URL the BMC was given
 
         fwd = {**st.guestfwd(), f"{PROXY_IP}:{PROXY_PORT}": PROXY_PORT}
         vm = VM(tmp_path, iso=iso, disks=[Disk(tmp_path / "vda.img", 4 << 30)], guestfwd=fwd, no_reboot=True)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.installs import InstallStack, marked_disks, probe
-from tests.fixtures.provision import bmc_medium_url, wait_bmc_clean, wait_job
+from tests.fixtures.provision import fetch_medium, wait_bmc_clean, wait_job
 from tests.fixtures.sse import open_sse
 from tests.lab.vm import MIB, VM, read_marker
 
@@ -34,11 +34,7 @@ async def test_unprovision_wipes_every_disk_through_the_gateway(install_stack: I
         assert r.status_code == 202, r.text
         job = r.json()["job_id"]
         await wait_job(c, job, {"booting"}, timeout=300)
-        iso = tmp_path / "wipe.iso"
-        async with httpx.AsyncClient(timeout=120) as p:
-            got = await p.get(bmc_medium_url(st.emu, job))  # the signed URL the BMC was given
-        assert got.status_code == 200
-        iso.write_bytes(got.content)
+        iso = await fetch_medium(st.emu, job, tmp_path / "wipe.iso")  # by the signed URL the BMC was given
         vm = VM(tmp_path, iso=iso, disks=disks, guestfwd=st.guestfwd(), no_reboot=True)
         t0 = time.monotonic()
         vm.start()

@@ -23,7 +23,7 @@ import pytest
 
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.installs import INSTALL_BMC, start_install_stack
-from tests.fixtures.provision import bmc_medium_url, wait_job, write_inventory
+from tests.fixtures.provision import fetch_medium, wait_job, write_inventory
 from tests.lab.vm import GUEST_IP, VM, Disk, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.timeout(2400), pytest.mark.vm]
@@ -86,11 +86,7 @@ async def test_raidz1_root_on_zfs_boots_bios_and_uefi(
         assert r.status_code == 202, r.text
         job = r.json()["job_id"]
         await wait_job(c, job, {"booting"}, timeout=300)
-        iso = tmp_path / "medium.iso"
-        async with httpx.AsyncClient(timeout=120) as p:
-            got = await p.get(bmc_medium_url(st.emu, job))
-        assert got.status_code == 200
-        iso.write_bytes(got.content)
+        iso = await fetch_medium(st.emu, job, tmp_path / "medium.iso")
         disks = [Disk(tmp_path / f"{d}.img", 4 << 30) for d in DISKS]
         ssh_port = free_port()
         vm = VM(tmp_path, iso=iso, disks=disks, guestfwd=st.guestfwd(), hostfwd={ssh_port: 22})
