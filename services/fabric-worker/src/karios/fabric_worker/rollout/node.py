@@ -144,6 +144,8 @@ class NodeResult(BaseModel):
     checks: list[str] = []  # what the post-deploy overlay checks found (said in node_ready)
     steps: list[str] = []
     duration_s: float = 0.0
+    # Seconds from the node's start until its verify passed (Established, EVPN routes sent).
+    verified_s: float | None = None
 
 
 class NodeRollout:
@@ -181,6 +183,7 @@ class NodeRollout:
         self._overlay_mtu = 0
         # The other VTEPs its passed overlay check expected, and those whose IMET routes it had.
         self._checked_against: set[str] = set()
+        self._t0 = time.monotonic()  # when apply() started
         self._fence = token_hex(8)  # tags this run's steps; the rollback fences them
         self._secrets = intent.secrets() + [
             s.get_secret_value() for s in (target.password, target.private_key) if s is not None
@@ -262,7 +265,7 @@ class NodeRollout:
 
     async def apply(self, abort: asyncio.Event | None = None) -> NodeResult:
         """load → diff → commit → verify. Never raises: the outcome is in the result."""
-        t0 = time.monotonic()
+        t0 = self._t0 = time.monotonic()
         r = self.result
         try:
             self._check_abort(abort)
@@ -334,6 +337,7 @@ class NodeRollout:
                 # Nothing changed since the discovery's own EVPN summary: that was the first poll.
                 await self._emit("node_verifying")
                 r.steps += ["verified", "overlay_checked"]
+                r.verified_s = round(time.monotonic() - self._t0, 3)
                 return
         else:
             self._check_abort(abort)
@@ -379,6 +383,7 @@ class NodeRollout:
                 with metrics.timed("verify", FabricVerifyFailed), step_span(TRACER, "fabric.node.verify"):
                     first = await self._verify(lines, abort)
                 r.steps.append("verified")
+                r.verified_s = round(time.monotonic() - self._t0, 3)
                 self._advertised()
                 # The DF probe overlaps the overlay checks (both wait for the fabric to converge)
                 # once the bridge's address is known; its outcome counts after theirs.
