@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from karios.provisioner.jobs.admission import Limits, Waiting, plan
+from karios.provisioner.jobs.admission import Limits, Waiting, candidates_per_vendor, oldest_per_vendor, plan
 
 
 def q(*vendors: str) -> list[Waiting]:
@@ -69,3 +69,30 @@ def test_never_past_a_limit_and_never_idle_when_a_job_fits(overall, per_vendor, 
         elif why:
             assert why == f"vendor:{w.vendor}"
             assert active.get(w.vendor, 0) + sum(1 for a in admitted if a.vendor == w.vendor) >= per_vendor
+
+
+@given(
+    overall=st.integers(1, 20),
+    per_vendor=st.integers(1, 8),
+    overrides=st.dictionaries(vendors, st.integers(0, 12), max_size=3),
+    active=st.dictionaries(vendors, st.integers(0, 5)),
+    queue=st.lists(vendors, max_size=80),
+)
+def test_a_round_that_reads_each_vendors_oldest_admits_what_the_whole_queue_would(
+    overall, per_vendor, overrides, active, queue
+):
+    """The repository's bounded read (each vendor's candidates_per_vendor oldest) changes no
+    admission: the same jobs go now, and every job it leaves out would have waited."""
+    lim = Limits(overall, per_vendor, overrides)
+    full = plan(lim, active, q(*queue))
+    bounded = plan(lim, active, oldest_per_vendor(q(*queue), candidates_per_vendor(lim)))
+    assert {j for j, why in bounded.items() if not why} == {j for j, why in full.items() if not why}
+    assert all(full[j] for j in full.keys() - bounded.keys())
+
+
+def test_the_bound_is_the_largest_vendor_limit():
+    assert candidates_per_vendor(Limits(64, 32)) == 32
+    assert candidates_per_vendor(Limits(64, 8, {"dell": 40, "hpe": 2})) == 40
+    assert [w.job_id for w in oldest_per_vendor(q("dell", "hpe", "dell", "dell", "hpe"), 2)] == [
+        "j0", "j1", "j2", "j4"
+    ]  # fmt: skip

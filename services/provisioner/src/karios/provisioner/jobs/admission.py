@@ -55,3 +55,24 @@ def plan(limits: Limits, active: Mapping[str, int], queued: Sequence[Waiting]) -
             total += 1
             per[w.vendor] += 1
     return out
+
+
+def candidates_per_vendor(limits: Limits) -> int:
+    """How many of each vendor's oldest queued jobs an admission round needs to see: :func:`plan`
+    admits a vendor's jobs oldest first and never more than its limit, so a job behind that many
+    of its own vendor waits whatever the others do. The round reads those (at most this many per
+    vendor) instead of the whole queue: its cost stays flat in the queue's length (a storm of
+    10,000 queued jobs read them all at every admission)."""
+    return max([limits.per_vendor, *limits.vendors.values()])
+
+
+def oldest_per_vendor(queued: Sequence[Waiting], n: int) -> list[Waiting]:
+    """`queued` (oldest first) keeping each vendor's `n` oldest: what the repository's bounded
+    read returns (the rule the property test holds it to)."""
+    seen: Counter[str] = Counter()
+    out = []
+    for w in queued:
+        seen[w.vendor] += 1
+        if seen[w.vendor] <= n:
+            out.append(w)
+    return out

@@ -17,7 +17,7 @@ from karios.common.db import Database
 from karios.common.errors import NotFound
 from karios.common.provisioning import TERMINAL_STATES
 from karios.provisioner.config import ProvisionerConfig
-from karios.provisioner.jobs.admission import Limits, Waiting, plan
+from karios.provisioner.jobs.admission import Limits, Waiting, candidates_per_vendor, plan
 from karios.provisioner.models import Job
 from karios.provisioner.statemachine import INFO, WORKER_STATES, State, is_terminal, transition
 
@@ -244,7 +244,7 @@ class JobRepository:
                     )
                 )
             ]
-            active, queued = await _admission_rows(s)
+            active, queued = await _admission_rows(s, candidates_per_vendor(limits))
             decided = plan(limits, active, queued)
             mine = set(waiting)
             go = [j for j, why in decided.items() if not why and j in mine]
@@ -324,8 +324,9 @@ class JobRepository:
         return row[0] if row else None
 
 
-async def _admission_rows(s: Any) -> tuple[dict[str, int], list[Waiting]]:
-    """Admitted jobs per vendor and the queued jobs oldest first (the inputs of ``plan``)."""
+async def _admission_rows(s: Any, per_vendor: int | None = None) -> tuple[dict[str, int], list[Waiting]]:
+    """Admitted jobs per vendor and the queued jobs oldest first (the inputs of ``plan``); with
+    `per_vendor`, only each vendor's that many oldest (:func:`admission.candidates_per_vendor`)."""
     active = {
         r[0]: int(r[1])
         for r in await s.exec(
@@ -334,9 +335,18 @@ async def _admission_rows(s: Any) -> tuple[dict[str, int], list[Waiting]]:
             .group_by(T.c.vendor)
         )
     }
-    rows = await s.exec(
-        sa.select(T.c.id, T.c.vendor)
-        .where(T.c.state == State.queued.value, T.c.admitted_at.is_(None))
-        .order_by(T.c.created_at, T.c.id)
-    )
+    waiting = (T.c.state == State.queued.value) & T.c.admitted_at.is_(None)
+    if per_vendor is None:
+        rows = await s.exec(sa.select(T.c.id, T.c.vendor).where(waiting).order_by(T.c.created_at, T.c.id))
+    else:
+        # Each vendor's oldest (a NULL vendor is the "" of plan: one partition either way).
+        rank = sa.func.row_number().over(
+            partition_by=sa.func.coalesce(T.c.vendor, ""), order_by=(T.c.created_at, T.c.id)
+        )
+        sub = sa.select(T.c.id, T.c.vendor, T.c.created_at, rank.label("rank")).where(waiting).subquery()
+        rows = await s.exec(
+            sa.select(sub.c.id, sub.c.vendor)
+            .where(sub.c.rank <= per_vendor)
+            .order_by(sub.c.created_at, sub.c.id)
+        )
     return active, [Waiting(r[0], r[1] or "") for r in rows]
