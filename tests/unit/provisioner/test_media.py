@@ -218,3 +218,35 @@ def test_a_legacy_per_job_iso_is_found_and_removed_with_its_job(builder, tmp_pat
     assert fresh.open("job-old") is None and fresh.legacy_iso("job-old") == old
     fresh.remove("job-old")
     assert not old.exists() and fresh.legacy_iso("job-old") is None
+
+
+def test_replicas_sharing_a_cache_build_the_efi_image_once(tmp_path, monkeypatch):
+    """Three replicas (MediaBuilders on one cache) starting together: one EFI image build, so
+    one base-ISO key (its size and mtime are in the key: each replica's own build used to
+    replace the file under the others, and three identical base ISOs were built)."""
+    import threading
+
+    import karios.provisioner.media as media
+
+    builds: list[int] = []
+    gate = threading.Barrier(3)
+
+    def slow_build(cache_dir: Path, efiboot: Path) -> None:
+        builds.append(1)
+        time.sleep(0.3)  # the others arrive meanwhile
+        tmp = efiboot.with_suffix(".tmp")
+        tmp.write_bytes(b"EFI" * 1000)
+        tmp.replace(efiboot)
+
+    monkeypatch.setattr(media, "make_efiboot", slow_build)
+    monkeypatch.setattr(MediaBuilder, "tools_missing", lambda self: [])
+    replicas = [MediaBuilder(tmp_path / "cache", tmp_path / f"media{i}") for i in range(3)]
+
+    def start(b: MediaBuilder) -> tuple[int, int]:
+        gate.wait()
+        st = b.base().efiboot.stat()
+        return st.st_size, st.st_mtime_ns
+
+    with ThreadPoolExecutor(3) as pool:
+        stamps = set(pool.map(start, replicas))
+    assert len(builds) == 1 and len(stamps) == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import itertools
 import os
 import re
@@ -127,7 +128,13 @@ class MediaBuilder:
         efiboot = self.cache_dir / "boot" / "efiboot.img"
         if not efiboot.exists():
             efiboot.parent.mkdir(parents=True, exist_ok=True)
-            make_efiboot(self.cache_dir, efiboot)
+            # One builder across the replicas sharing the cache: each replica's own build
+            # replaced the file under the others, whose base-ISO keys (size and mtime of the
+            # file) then differed: three replicas built three identical base ISOs.
+            with open(efiboot.parent / ".efiboot.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not efiboot.exists():
+                    make_efiboot(self.cache_dir, efiboot)
         self._boot = BootArtifacts(ISOLINUX_BIN, LDLINUX, ISOHDPFX, efiboot)
         return self._boot
 
