@@ -9,12 +9,15 @@ wait; all five reach ``booting`` and each machine is reset exactly once (the emu
 from __future__ import annotations
 
 import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from karios.provisioner.jobs.repository import T as JOBS
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.provision import wait_job, wait_resets
 
@@ -90,3 +93,37 @@ async def test_limit_two_holds_five_jobs_and_all_reach_booting(stack, settings):
         # the job shows booting just before its reset is sent: wait for it (the cold CI run of
         # this session read the log a moment too early under load)
         assert await wait_resets(stack.emu, sid, since, timeout=30) == 1
+
+
+async def test_a_queue_longer_than_one_bus_message_is_listed_whole(stack, settings):
+    """6,000 queued jobs (another replica's, leased: nobody works them): the queue's entries are
+    ~1.2 MB of JSON, more than one NATS message holds (1 MB). The gateway reads them a page at a
+    time; before, the provisioner's one reply could not be sent and the page answered nothing."""
+    n = 6000
+    engine = create_async_engine(settings.database_url)
+    try:
+        t0 = datetime.now(UTC)
+        rows = [
+            {
+                "id": f"bulk-{i:05d}-{uuid.uuid4().hex}",
+                "bmc_ip": f"10.99.{i // 256}.{i % 256}",
+                "vendor": "dell",
+                "owner": "elsewhere",
+                "lease_until": t0 + timedelta(hours=1),
+                "created_at": t0 + timedelta(microseconds=i),
+            }
+            for i in range(n)
+        ]
+        async with engine.begin() as c:
+            await c.execute(JOBS.insert(), rows)  # the table's own defaults (state queued, spec {} …)
+        async with httpx.AsyncClient(base_url=stack.gw, timeout=60) as c:
+            r = await c.get("/controlnode/provision/queue", headers=ADMIN)
+        assert r.status_code == 200, r.text[:300]
+        assert len(r.content) > 1_000_000  # more than one bus message could carry
+        bulk = [e for e in r.json()["entries"] if e["job_id"].startswith("bulk-")]
+        assert len(bulk) == n and len({e["job_id"] for e in bulk}) == n
+        assert [e["position"] for e in bulk] == sorted(e["position"] for e in bulk)  # oldest first
+    finally:
+        async with engine.begin() as c:
+            await c.execute(sa.text("DELETE FROM provision.jobs WHERE id LIKE 'bulk-%'"))
+        await engine.dispose()

@@ -55,17 +55,20 @@ class Recorder:
         self.calls.append(("cancel", req))
         return self._view(req.job_id, "cancelled")
 
+    queue_size = 1
+
     async def queue(self) -> list[QueueEntry]:
         self.calls.append(("queue", None))
         return [
             QueueEntry(
-                job_id="j",
+                job_id="j" if self.queue_size == 1 else f"j{i}",
                 bmc_ip="10.0.0.5",
                 job_type="provision",
                 state="queued",
-                position=1,
+                position=i + 1,
                 created_at="t",
             )
+            for i in range(self.queue_size)
         ]
 
     async def job_request(self, q: JobRequestQuery) -> JobRequestView:
@@ -141,3 +144,20 @@ async def test_a_jobs_request_is_answered_without_its_secrets():
     assert rec.calls == [("job_request", JobRequestQuery(job_id="j7"))]
     assert (result["job_id"], result["debian_version"], result["has_os_password"]) == ("j7", "13", True)
     assert not any(k.endswith("_enc") or k in ("os_password", "root_pass") for k in result)
+
+
+async def test_the_queue_is_answered_in_pages():
+    """A reply is one NATS message (1 MB): the gateway asks for the queue a page at a time."""
+    bus, rec = _bus()
+    rec.queue_size = 5
+    async with TestNatsBroker(bus.broker) as br:
+        page = await br.request(
+            _wire(QueueQuery(offset=2, limit=2)), bus.subjects.query("provision", "queue")
+        )
+        tail = await br.request(
+            _wire(QueueQuery(offset=4, limit=2)), bus.subjects.query("provision", "queue")
+        )
+        whole = await br.request(_wire(QueueQuery()), bus.subjects.query("provision", "queue"))
+    assert [e["job_id"] for e in json.loads(page.body)["result"]] == ["j2", "j3"]
+    assert [e["job_id"] for e in json.loads(tail.body)["result"]] == ["j4"]
+    assert len(json.loads(whole.body)["result"]) == 5

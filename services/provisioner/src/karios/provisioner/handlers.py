@@ -39,8 +39,9 @@ def wire(bus: Bus, svc: UseCases) -> None:
     async def on_start(cmd: StartProvision, _ctx: Any) -> None:
         await svc.handle_start(cmd)
 
-    async def on_queue(_q: QueueQuery) -> list[QueueEntry]:
-        return await svc.queue()
+    async def on_queue(q: QueueQuery) -> list[QueueEntry]:
+        entries = await svc.queue()
+        return entries[q.offset : q.offset + q.limit] if q.limit else entries[q.offset :]
 
     async def on_admission(_q: AdmissionQuery) -> Admission:
         return await svc.admission()

@@ -177,7 +177,16 @@ class JobRequestView(BaseModel):
 
 
 class QueueQuery(Query):
+    """The provision queue, `limit` entries from `offset` (0: all of them). A reply is one NATS
+    message (1 MB by default: ~5,000 entries), so the gateway asks for pages of
+    :data:`QUEUE_PAGE`."""
+
     TYPE = "karios.provision.queue_query.v1"
+    offset: int = Field(0, ge=0)
+    limit: int = Field(0, ge=0)
+
+
+QUEUE_PAGE = 2000  # queue entries per reply (~200 bytes each: ~400 KB of the 1 MB a message holds)
 
 
 class QueueEntry(BaseModel):

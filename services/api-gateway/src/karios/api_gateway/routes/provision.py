@@ -44,6 +44,7 @@ from karios.common.contracts.hardware import (
 from karios.common.contracts.images import CatalogImageQuery, ImageView
 from karios.common.contracts.inventory import BmcHardware, BmcHardwareQuery
 from karios.common.contracts.provision import (
+    QUEUE_PAGE,
     AdmissionQuery,
     ImageInfo,
     ImageQuery,
@@ -368,9 +369,27 @@ async def queue(request: Request, _p: Principal = Depends(require(Role.viewer)))
     )
 
 
+async def _queue_entries(bus: Bus) -> list[dict]:
+    """Every queue entry, in pages of QUEUE_PAGE (one reply is one NATS message: a 10,000-job
+    storm's queue, ~2 MB, did not fit in one, and the page answered nothing). A job that moved
+    between two pages is listed once."""
+    out: list[dict] = []
+    seen: set[str] = set()
+    offset = 0
+    while True:
+        page = await bus.request(
+            bus.subjects.query("provision", "queue"), QueueQuery(offset=offset, limit=QUEUE_PAGE)
+        )
+        out += [e for e in page if e.get("job_id") not in seen]
+        seen.update(e.get("job_id") for e in page)
+        offset += len(page)
+        if len(page) < QUEUE_PAGE:
+            return out
+
+
 async def _queue(bus: Bus) -> dict:
     entries, admission = await asyncio.gather(
-        bus.request(bus.subjects.query("provision", "queue"), QueueQuery()),
+        _queue_entries(bus),
         bus.request(bus.subjects.query("provision", "admission"), AdmissionQuery()),
     )
     return {
