@@ -557,6 +557,7 @@ def main() -> None:
         cache = state / "provisioner" / "cache"
         cache0 = du(cache) if cache.exists() else 0
         db0 = asyncio.run(sql(s.db_url, "SELECT pg_database_size(current_database())"))[0][0]
+        tables0 = asyncio.run(table_sizes(s.db_url))
         peak = {"active": 0.0}
         parent = str(uuid.uuid4())
         accepted: dict[str, float] = {}
@@ -579,6 +580,7 @@ def main() -> None:
         disk1 = du(state)
         base = du(cache) - cache0  # the base ISO(s): once per configuration, not per host
         db1 = asyncio.run(sql(s.db_url, "SELECT pg_database_size(current_database())"))[0][0]
+        tables1 = asyncio.run(table_sizes(s.db_url))
         times = asyncio.run(stage_times(s))
         for job, at in accepted.items():
             times.setdefault(job, {})["accepted"] = at
@@ -610,6 +612,7 @@ def main() -> None:
             replicas,
         )
         report_usage(a, s, usage, rows, db1 - db0)
+        report_tables(a.hosts, tables0, tables1, db1 - db0)
         if not ok:
             sys.exit(1)
     finally:
@@ -750,6 +753,51 @@ def report_usage(a: argparse.Namespace, s: System, usage: Usage, rows: list[Any]
         print(
             "(postgresql: its backends of this database, CPU from when each was first seen; "
             "memory: their USS, not RSS, which counts the shared buffers once per backend)"
+        )
+
+
+#: Per table: its size with indexes and TOAST, its heap alone, live and dead rows (PostgreSQL's
+#: statistics, which lag a transaction by up to a second).
+TABLES_SQL = """
+SELECT n.nspname || '.' || c.relname, pg_total_relation_size(c.oid), pg_relation_size(c.oid),
+       coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+  AND n.nspname NOT LIKE 'pg_toast%'
+"""
+
+
+async def table_sizes(db_url: str) -> dict[str, tuple[int, int, int, int]]:
+    return {r[0]: (int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in await sql(db_url, TABLES_SQL)}
+
+
+def report_tables(
+    hosts: int,
+    before: dict[str, tuple[int, int, int, int]],
+    after: dict[str, tuple[int, int, int, int]],
+    db: int,
+    top: int = 10,
+) -> None:
+    """Where the database growth went: the tables that grew most, with their dead rows (an update
+    leaves the old row version behind until (auto)vacuum; indexes grow with every version)."""
+    grew = sorted(
+        (
+            (name, size - before.get(name, (0, 0, 0, 0))[0], heap, live, dead)
+            for name, (size, heap, live, dead) in after.items()
+        ),
+        key=lambda r: -r[1],
+    )
+    print(
+        f"\ndatabase growth by table (the {top} that grew most of {len(after)}; all: {db / 2**20:.2f} MiB)\n"
+    )
+    print("| table | growth | KiB per host | heap / indexes + TOAST at the end | live rows | dead rows |")
+    print("| --- | ---: | ---: | --- | ---: | ---: |")
+    for name, growth, heap, live, dead in grew[:top]:
+        size = after[name][0]
+        print(
+            f"| {name} | {growth / 2**20:.2f} MiB | {growth / max(1, hosts) / 1024:.1f} | "
+            f"{heap / 2**20:.2f} / {(size - heap) / 2**20:.2f} MiB | {live} | {dead} |"
         )
 
 

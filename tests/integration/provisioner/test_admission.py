@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from karios.provisioner.jobs.repository import L as LEASES
 from karios.provisioner.jobs.repository import T as JOBS
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.provision import wait_job, wait_resets
@@ -109,13 +110,14 @@ async def test_a_queue_longer_than_one_bus_message_is_listed_whole(stack, settin
                 "bmc_ip": f"10.99.{i // 256}.{i % 256}",
                 "vendor": "dell",
                 "owner": "elsewhere",
-                "lease_until": t0 + timedelta(hours=1),
                 "created_at": t0 + timedelta(microseconds=i),
             }
             for i in range(n)
         ]
         async with engine.begin() as c:
             await c.execute(JOBS.insert(), rows)  # the table's own defaults (state queued, spec {} …)
+            leases = [{"job_id": r["id"], "lease_until": t0 + timedelta(hours=1)} for r in rows]
+            await c.execute(LEASES.insert(), leases)
         async with httpx.AsyncClient(base_url=stack.gw, timeout=60) as c:
             r = await c.get("/controlnode/provision/queue", headers=ADMIN)
         assert r.status_code == 200, r.text[:300]

@@ -48,8 +48,9 @@ async def job_row(database_url: str, job_id: str) -> dict:
             row = (
                 await c.execute(
                     sa.text(
-                        "SELECT state, owner, attempts, lease_until, reset_at, token_enc "
-                        "FROM provision.jobs WHERE id = :id"
+                        "SELECT state, owner, attempts, l.lease_until, reset_at, token_enc "
+                        "FROM provision.jobs j LEFT JOIN provision.job_leases l ON l.job_id = j.id "
+                        "WHERE j.id = :id"
                     ),
                     {"id": job_id},
                 )
@@ -254,8 +255,12 @@ async def test_a_worker_that_lost_its_lease_never_resets(stack, settings):
         # Another replica took the job meanwhile (its lease is valid for an hour).
         await sql(
             settings.database_url,
-            "UPDATE provision.jobs SET owner = 'other-replica', lease_until = now() + interval '1 hour' "
-            "WHERE id = :id",
+            "UPDATE provision.jobs SET owner = 'other-replica' WHERE id = :id",
+            id=job,
+        )
+        await sql(
+            settings.database_url,
+            "UPDATE provision.job_leases SET lease_until = now() + interval '1 hour' WHERE job_id = :id",
             id=job,
         )
         hook.go.set()
@@ -267,7 +272,7 @@ async def test_a_worker_that_lost_its_lease_never_resets(stack, settings):
         # The other replica dies: its lease expires and this replica resumes the job, resetting once.
         await sql(
             settings.database_url,
-            "UPDATE provision.jobs SET lease_until = now() - interval '1 second' WHERE id = :id",
+            "UPDATE provision.job_leases SET lease_until = now() - interval '1 second' WHERE job_id = :id",
             id=job,
         )
         await wait_job(c, job, {"booting"})
@@ -296,13 +301,18 @@ async def test_concurrent_claim_sweeps_take_disjoint_jobs(stack, settings):
     ids = [f"claim-race-{i:03d}" for i in range(120)]
     values = ", ".join(
         f"('{j}', 'provision', '10.97.{i // 250}.{i % 250 + 1}', 'queued', '{json.dumps({'x': 1})}', "
-        "now() - interval '1 hour', now(), now(), now() - interval '1 second', 1)"
+        "now() - interval '1 hour', now(), now(), 1)"
         for i, j in enumerate(ids)
     )
     await sql(
         settings.database_url,
         "INSERT INTO provision.jobs (id, job_type, bmc_ip, state, spec, created_at, updated_at, "
-        "stage_deadline, lease_until, attempts) VALUES " + values,
+        "stage_deadline, attempts) VALUES " + values,
+    )
+    await sql(
+        settings.database_url,
+        "INSERT INTO provision.job_leases (job_id, lease_until) "
+        "SELECT id, now() - interval '1 second' FROM provision.jobs WHERE id LIKE 'claim-race-%'",
     )
     try:
         a_got: list[str] = []
@@ -320,5 +330,5 @@ async def test_concurrent_claim_sweeps_take_disjoint_jobs(stack, settings):
         await b.db.close()
         await sql(
             settings.database_url,
-            "UPDATE provision.jobs SET state = 'cancelled', lease_until = NULL WHERE id LIKE 'claim-race-%'",
+            "UPDATE provision.jobs SET state = 'cancelled' WHERE id LIKE 'claim-race-%'",
         )

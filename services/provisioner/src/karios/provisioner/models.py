@@ -38,9 +38,8 @@ class Job(SQLModel, table=True):
     installed_at: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
     stage_deadline: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
     # Worker phase (queued → building_media → mounting → booting): the replica working the job
-    # holds a lease it renews; an expired lease lets any replica claim and resume the job.
+    # holds a lease it renews (JobLease); an expired lease lets any replica claim and resume it.
     owner: str = Field(default="", max_length=128)
-    lease_until: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))
     attempts: int = 0  # how many times a worker took the job (first run = 1)
     token_enc: str | None = None  # the installer token, SecretBox context "job-token:<id>"
     reset_at: datetime | None = Field(default=None, sa_type=sa.DateTime(timezone=True))  # power reset
@@ -51,3 +50,15 @@ class Job(SQLModel, table=True):
     log_tail: list[str] | None = Field(default=None, sa_type=sa.JSON)  # installer's last log lines
     created_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
     updated_at: datetime = Field(default_factory=_now, sa_type=sa.DateTime(timezone=True))
+
+
+class JobLease(SQLModel, table=True):
+    """The lease of a worker-phase job (only those have one): renewed by its owner's heartbeat
+    every ``lease_seconds / 3``, so kept apart from the wide job row (migration 0011)."""
+
+    __tablename__ = "job_leases"
+    __table_args__ = {"schema": SCHEMA, "postgresql_with": {"fillfactor": 50}}
+
+    job_id: str = Field(primary_key=True, max_length=64, foreign_key=f"{SCHEMA}.jobs.id", ondelete="CASCADE")
+    # '-infinity': handed back (a graceful stop), claimable at once
+    lease_until: datetime = Field(sa_type=sa.DateTime(timezone=True))

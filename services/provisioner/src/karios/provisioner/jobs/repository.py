@@ -1,6 +1,8 @@
 """The job table: SQL and leases, nothing else (no bus, no BMC, no events).
 
-Leases are compared with the database clock (``now()``), never the replicas' clocks.
+Leases are compared with the database clock (``now()``), never the replicas' clocks. A lease is a
+row of ``job_leases`` (narrow, one per worker-phase job): the heartbeat renews thousands of them
+without rewriting a single job row (migration 0011).
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from karios.common.errors import NotFound
 from karios.common.provisioning import TERMINAL_STATES
 from karios.provisioner.config import ProvisionerConfig
 from karios.provisioner.jobs.admission import Limits, Waiting, candidates_per_vendor, plan
-from karios.provisioner.models import Job
+from karios.provisioner.models import Job, JobLease
 from karios.provisioner.statemachine import INFO, WORKER_STATES, State, is_terminal, transition
 
 T = Job.__table__  # type: ignore[attr-defined]
+L = JobLease.__table__  # type: ignore[attr-defined]
+#: A lease handed back (a graceful stop) or never held: claimable at once.
+HANDED_BACK = sa.literal_column("'-infinity'::timestamptz")
 _WORK = [s.value for s in WORKER_STATES]
 _ENDED = sorted(TERMINAL_STATES)
 _WATCHED = [s.value for s, info in INFO.items() if info.watched]
@@ -93,14 +98,11 @@ class JobRepository:
         """
         async with self.db.session() as s, s.begin():
             await s.exec(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(row["bmc_ip"]))))
-            res = await (await s.connection()).execute(
-                pg_insert(T)
-                .values(**row, lease_until=self.lease_expr())
-                .on_conflict_do_nothing()
-                .returning(T.c.id)
-            )
+            conn = await s.connection()
+            res = await conn.execute(pg_insert(T).values(**row).on_conflict_do_nothing().returning(T.c.id))
             if res.first() is None:
                 return False, None
+            await conn.execute(pg_insert(L).values(job_id=row["id"], lease_until=self.lease_expr()))
             other = (
                 await s.exec(
                     sa.select(T.c.id).where(
@@ -143,10 +145,7 @@ class JobRepository:
                 guard(job)
             previous = State(job.state)
             new = transition(job.state, target)
-            if new in WORKER_STATES and owned:
-                job.lease_until = db_now + timedelta(seconds=self.cfg.lease_seconds)
-            elif new not in WORKER_STATES:
-                job.lease_until = None  # worker phase over: nothing left to claim
+            await (await s.connection()).execute(self._lease_on_move(job_id, new, owned, db_now))
             info = INFO[new]
             job.state = new.value
             job.message = message or info.stage
@@ -156,6 +155,21 @@ class JobRepository:
             for k, v in values.items():
                 setattr(job, k, v)
         return Moved(job, previous)
+
+    def _lease_on_move(self, job_id: str, new: State, owned: bool, db_now: datetime) -> Any:
+        """The lease statement of a move to ``new``: the owner's move renews it; a worker-phase
+        job always has a lease row (claimable at once when nobody held it); past the worker
+        phase there is nothing left to claim."""
+        if new not in WORKER_STATES:
+            return sa.delete(L).where(L.c.job_id == job_id)
+        if owned:
+            stmt = pg_insert(L).values(
+                job_id=job_id, lease_until=db_now + timedelta(seconds=self.cfg.lease_seconds)
+            )
+            return stmt.on_conflict_do_update(
+                index_elements=[L.c.job_id], set_={"lease_until": stmt.excluded.lease_until}
+            )
+        return pg_insert(L).values(job_id=job_id, lease_until=HANDED_BACK).on_conflict_do_nothing()
 
     async def set_token(self, job_id: str, token_hash: str, token_enc: str) -> None:
         async with self.db.session() as s, s.begin():
@@ -169,16 +183,25 @@ class JobRepository:
 
     # -- leases -------------------------------------------------------------------------
     async def renew(self, ids: list[str]) -> list[str]:
-        """Renew our leases on ``ids``; return those another replica owns now."""
+        """Renew our leases on ``ids``; return those another replica owns now.
+
+        Only lease rows are written. The job rows are share-locked while read: a claim of
+        another replica holding one (``FOR UPDATE``) is waited for and its new owner seen; one
+        that comes later skips the row (``SKIP LOCKED``) or finds the lease renewed."""
         async with self.db.session() as s, s.begin():
             conn = await s.connection()
+            ours = (
+                sa.select(T.c.id)
+                .where(T.c.id.in_(ids), T.c.owner == self.replica, T.c.state.in_(_WORK))
+                .with_for_update(read=True, of=T)
+            )
             renewed = {
                 r[0]
                 for r in await conn.execute(
-                    sa.update(T)
-                    .where(T.c.id.in_(ids), T.c.owner == self.replica, T.c.state.in_(_WORK))
+                    sa.update(L)
+                    .where(L.c.job_id.in_(ours.scalar_subquery()))
                     .values(lease_until=self.lease_expr())
-                    .returning(T.c.id)
+                    .returning(L.c.job_id)
                 )
             }
             rest = [i for i in ids if i not in renewed]
@@ -192,30 +215,43 @@ class JobRepository:
     async def claim_expired(self, limit: int) -> list[tuple[str, int]]:
         """Take worker-phase jobs whose lease expired (or was handed back): (job id, attempts).
 
-        ``FOR UPDATE SKIP LOCKED`` in one UPDATE: two replicas sweeping at once never take the
-        same job.
+        ``FOR UPDATE SKIP LOCKED`` of the job and its lease row in one UPDATE: two replicas
+        sweeping at once never take the same job, and a lease renewed after this statement's
+        snapshot is seen renewed (its row changed: the condition is checked again on it).
         """
         pick = (
             sa.select(T.c.id)
-            .where(T.c.state.in_(_WORK), sa.or_(T.c.lease_until.is_(None), T.c.lease_until < sa.func.now()))
+            .select_from(T.join(L, L.c.job_id == T.c.id))
+            .where(T.c.state.in_(_WORK), L.c.lease_until < sa.func.now())
             .order_by(T.c.created_at)
             .limit(limit)
-            .with_for_update(skip_locked=True)
+            .with_for_update(skip_locked=True, of=[T, L])
         )
         async with self.db.session() as s, s.begin():
-            rows = await (await s.connection()).execute(
-                sa.update(T)
-                .where(T.c.id.in_(pick.scalar_subquery()))
-                .values(owner=self.replica, lease_until=self.lease_expr(), attempts=T.c.attempts + 1)
-                .returning(T.c.id, T.c.attempts)
-            )
-            return [(r[0], r[1]) for r in rows]
+            conn = await s.connection()
+            rows = [
+                (r[0], r[1])
+                for r in await conn.execute(
+                    sa.update(T)
+                    .where(T.c.id.in_(pick.scalar_subquery()))
+                    .values(owner=self.replica, attempts=T.c.attempts + 1)
+                    .returning(T.c.id, T.c.attempts)
+                )
+            ]
+            if rows:
+                await conn.execute(
+                    sa.update(L)
+                    .where(L.c.job_id.in_([r[0] for r in rows]))
+                    .values(lease_until=self.lease_expr())
+                )
+            return rows
 
     async def release_leases(self) -> None:
         """Hand our worker-phase leases back (a graceful stop: another replica resumes at once)."""
         async with self.db.session() as s, s.begin():
+            ours = sa.select(T.c.id).where(T.c.owner == self.replica, T.c.state.in_(_WORK))
             await (await s.connection()).execute(
-                sa.update(T).where(T.c.owner == self.replica, T.c.state.in_(_WORK)).values(lease_until=None)
+                sa.update(L).where(L.c.job_id.in_(ours.scalar_subquery())).values(lease_until=HANDED_BACK)
             )
 
     # -- admission (see admission.py) -----------------------------------------------------
@@ -250,18 +286,26 @@ class JobRepository:
             go = [j for j, why in decided.items() if not why and j in mine]
             if not go:
                 return earlier
-            ids = await (await s.connection()).execute(
-                sa.update(T)
-                .where(
-                    T.c.id.in_(go),
-                    T.c.owner == self.replica,
-                    T.c.state == State.queued.value,
-                    T.c.admitted_at.is_(None),
+            conn = await s.connection()
+            ids = [
+                r[0]
+                for r in await conn.execute(
+                    sa.update(T)
+                    .where(
+                        T.c.id.in_(go),
+                        T.c.owner == self.replica,
+                        T.c.state == State.queued.value,
+                        T.c.admitted_at.is_(None),
+                    )
+                    .values(admitted_at=sa.func.now())
+                    .returning(T.c.id)
                 )
-                .values(admitted_at=sa.func.now(), lease_until=self.lease_expr())
-                .returning(T.c.id)
-            )
-            return earlier + [r[0] for r in ids]
+            ]
+            if ids:
+                await conn.execute(
+                    sa.update(L).where(L.c.job_id.in_(ids)).values(lease_until=self.lease_expr())
+                )
+            return earlier + ids
 
     async def admission(self, limits: Limits) -> tuple[dict[str, int], dict[str, str]]:
         """(admitted jobs per vendor, queued job id → why it waits) as :func:`plan` sees it now."""

@@ -3,7 +3,7 @@ accessor, the install methods and the media builder.
 
 Worker phase (queued → building_media → mounting → booting, :mod:`worker`) is owned through a
 lease in the job row, not by the start command: the command is acked once the row exists, and
-the replica that holds the lease (``owner``, ``lease_until``, renewed by a heartbeat) does the
+the replica that holds the lease (``owner``; ``job_leases``, renewed by a heartbeat) does the
 work. A replica that dies stops renewing; any replica's claim sweep (``SELECT … FOR UPDATE SKIP
 LOCKED``) then takes the job and resumes it from its recorded state: the medium is rebuilt
 (same token, kept encrypted in the row), eject/insert and the boot override are repeated
