@@ -221,13 +221,20 @@ async def post_batch(
         return await asyncio.gather(*[one(clients[i % len(clients)], i) for i in range(hosts)])
 
 
-async def watch(s: System, hosts: int, timeout: float, peak: dict[str, float]) -> dict:
+async def watch(s: System, hosts: int, timeout: float, peak: dict[str, float], usage: Usage) -> dict:
     """Until every job passed booting (or failed), the queue's peak admissions (CPU and memory:
-    :class:`Usage`)."""
+    :class:`Usage`). One database connection for the whole watch, its backend counted as the
+    benchmark's own (a connection per poll forked a backend a second: at 3,000 hosts 1,584
+    backends, counted as Karios's PostgreSQL)."""
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
     headers = {"Authorization": f"Bearer {s.token}"}
     deadline = time.monotonic() + timeout
     last: dict = {}
-    async with httpx.AsyncClient(base_url=s.url(), timeout=60) as c:
+    engine = create_async_engine(s.db_url, isolation_level="AUTOCOMMIT")
+    async with httpx.AsyncClient(base_url=s.url(), timeout=60) as c, engine.connect() as db:
+        usage.harness_backends.add(int((await db.execute(text("SELECT pg_backend_pid()"))).scalar_one()))
         tick = 0
         while time.monotonic() < deadline:
             tick += 1  # the queue (1,000 entries) every 5 s: a UI's poll, not a load of its own
@@ -238,15 +245,18 @@ async def watch(s: System, hosts: int, timeout: float, peak: dict[str, float]) -
                 peak["active"] = max(peak["active"], adm["active"])
                 for v, n in adm["active_by_vendor"].items():
                     peak[f"vendor:{v}"] = max(peak.get(f"vendor:{v}", 0), n)
-            rows = await sql(
-                s.db_url,
-                "SELECT count(*) FILTER (WHERE reset_at IS NOT NULL), count(*) FILTER "
-                "(WHERE state IN ('failed','cancelled')) FROM provision.jobs",
+            rows = await db.execute(
+                text(
+                    "SELECT count(*) FILTER (WHERE reset_at IS NOT NULL), count(*) FILTER "
+                    "(WHERE state IN ('failed','cancelled')) FROM provision.jobs"
+                )
             )
-            reset, ended = rows[0]
+            reset, ended = rows.one()
             if reset + ended >= hosts:
+                await engine.dispose()
                 return last
             await asyncio.sleep(1.0)
+    await engine.dispose()
     raise SystemExit(f"timed out after {timeout:.0f}s: {reset} reset, {ended} failed")
 
 
@@ -396,6 +406,8 @@ class Usage:
         self.rss_start: dict[str, int] = {}
         self.rss_peak: dict[str, int] = {}
         self.pg_local = False
+        #: PostgreSQL backends of this benchmark's own connections (counted as the client's).
+        self.harness_backends: set[int] = set()
         self._labels: dict[tuple[int, float], str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -457,8 +469,17 @@ class Usage:
             title = " ".join(argv)
             if title.startswith("postgres:") and f" {self.s.db} " in f"{title} ":
                 self.pg_local = True
+                ours = p.pid in self.harness_backends
+                group = "benchmark client" if ours else "postgresql"
                 with contextlib.suppress(psutil.Error):
-                    out.append(("postgresql", f"backend (pid {p.pid})", (p.pid, p.create_time()), [p]))
+                    out.append(
+                        (
+                            group,
+                            f"{'its ' if ours else ''}backend (pid {p.pid})",
+                            (p.pid, p.create_time()),
+                            [p],
+                        )
+                    )
         return out
 
     def sample(self) -> None:
@@ -467,7 +488,8 @@ class Usage:
         for group, label, key, procs in self.processes():
             # karios up reaps its services (a restarted one): counted as those processes already
             cpu = _cpu(procs, reaped=group not in ("karios up", "benchmark client"))
-            rss[group] = rss.get(group, 0) + _rss(procs, private=group == "postgresql")
+            backend = group == "postgresql" or label.startswith("its backend")
+            rss[group] = rss.get(group, 0) + _rss(procs, private=backend)
             t = self.tracked.get(key)
             if t is None:
                 t = self.tracked[key] = Tracked(group, label, now, cpu)
@@ -567,7 +589,7 @@ def main() -> None:
         t0 = time.time()
         jobs = asyncio.run(post_batch(s, a.hosts, parent, accepted, per_gateway))
         posted = time.time() - t0
-        last = asyncio.run(watch(s, a.hosts, a.timeout, peak))
+        last = asyncio.run(watch(s, a.hosts, a.timeout, peak, usage))
         wall = time.time() - t0
         usage.stop()
         rows = asyncio.run(
