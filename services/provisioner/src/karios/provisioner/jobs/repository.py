@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from karios.common.db import Database
@@ -190,9 +191,12 @@ class JobRepository:
         that comes later skips the row (``SKIP LOCKED``) or finds the lease renewed."""
         async with self.db.session() as s, s.begin():
             conn = await s.connection()
+            # One array parameter, not an IN list of thousands: one statement text (asyncpg's
+            # prepared statement reused) whatever the number of jobs.
+            listed = sa.any_(sa.bindparam("ids", list(ids), type_=ARRAY(sa.String)))
             ours = (
                 sa.select(T.c.id)
-                .where(T.c.id.in_(ids), T.c.owner == self.replica, T.c.state.in_(_WORK))
+                .where(T.c.id == listed, T.c.owner == self.replica, T.c.state.in_(_WORK))
                 .with_for_update(read=True, of=T)
             )
             renewed = {
@@ -269,20 +273,23 @@ class JobRepository:
             # Already admitted, by an earlier run whose COMMIT's answer never came back (the
             # database paused or the connection dropped after the commit): its waiter is still
             # waiting. Without this it would wait for ever, its lease renewed by the heartbeat.
+            # Read among the admitted jobs (ix_jobs_admitted: at most the overall limit), not by
+            # the waiting ids (thousands in a storm, sent at every round).
+            mine = set(waiting)
             earlier = [
                 r[0]
                 for r in await s.exec(
                     sa.select(T.c.id).where(
-                        T.c.id.in_(waiting),
+                        T.c.admitted_at.is_not(None),
+                        T.c.state.in_(_WORK),
                         T.c.owner == self.replica,
                         T.c.state == State.queued.value,
-                        T.c.admitted_at.is_not(None),
                     )
                 )
+                if r[0] in mine
             ]
             active, queued = await _admission_rows(s, candidates_per_vendor(limits))
             decided = plan(limits, active, queued)
-            mine = set(waiting)
             go = [j for j, why in decided.items() if not why and j in mine]
             if not go:
                 return earlier
@@ -368,6 +375,29 @@ class JobRepository:
         return row[0] if row else None
 
 
+#: Each vendor's ``:n`` oldest waiting jobs, oldest first, read from ``ix_jobs_waiting`` (vendor,
+#: created_at, id) alone: the vendors by a skip scan (one index probe per vendor, a recursive
+#: query), then each vendor's first ``:n`` rows — never a pass over the whole queue.
+_OLDEST_PER_VENDOR = sa.text("""
+WITH RECURSIVE vendors(vendor) AS (
+    (SELECT vendor FROM provision.jobs
+     WHERE state = 'queued' AND admitted_at IS NULL ORDER BY vendor LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.vendor FROM provision.jobs j
+            WHERE j.state = 'queued' AND j.admitted_at IS NULL AND j.vendor > v.vendor
+            ORDER BY j.vendor LIMIT 1)
+    FROM vendors v WHERE v.vendor IS NOT NULL
+)
+SELECT c.id, c.vendor FROM vendors v CROSS JOIN LATERAL (
+    SELECT j.id, j.vendor, j.created_at FROM provision.jobs j
+    WHERE j.state = 'queued' AND j.admitted_at IS NULL AND j.vendor = v.vendor
+    ORDER BY j.created_at, j.id LIMIT :n
+) c
+WHERE v.vendor IS NOT NULL
+ORDER BY c.created_at, c.id
+""")
+
+
 async def _admission_rows(s: Any, per_vendor: int | None = None) -> tuple[dict[str, int], list[Waiting]]:
     """Admitted jobs per vendor and the queued jobs oldest first (the inputs of ``plan``); with
     `per_vendor`, only each vendor's that many oldest (:func:`admission.candidates_per_vendor`)."""
@@ -375,22 +405,13 @@ async def _admission_rows(s: Any, per_vendor: int | None = None) -> tuple[dict[s
         r[0]: int(r[1])
         for r in await s.exec(
             sa.select(T.c.vendor, sa.func.count())
-            .where(T.c.state.in_(_WORK), T.c.admitted_at.is_not(None))
+            .where(T.c.admitted_at.is_not(None), T.c.state.in_(_WORK))  # ix_jobs_admitted
             .group_by(T.c.vendor)
         )
     }
-    waiting = (T.c.state == State.queued.value) & T.c.admitted_at.is_(None)
     if per_vendor is None:
+        waiting = (T.c.state == State.queued.value) & T.c.admitted_at.is_(None)
         rows = await s.exec(sa.select(T.c.id, T.c.vendor).where(waiting).order_by(T.c.created_at, T.c.id))
     else:
-        # Each vendor's oldest (a NULL vendor is the "" of plan: one partition either way).
-        rank = sa.func.row_number().over(
-            partition_by=sa.func.coalesce(T.c.vendor, ""), order_by=(T.c.created_at, T.c.id)
-        )
-        sub = sa.select(T.c.id, T.c.vendor, T.c.created_at, rank.label("rank")).where(waiting).subquery()
-        rows = await s.exec(
-            sa.select(sub.c.id, sub.c.vendor)
-            .where(sub.c.rank <= per_vendor)
-            .order_by(sub.c.created_at, sub.c.id)
-        )
+        rows = await (await s.connection()).execute(_OLDEST_PER_VENDOR, {"n": per_vendor})
     return active, [Waiting(r[0], r[1] or "") for r in rows]
