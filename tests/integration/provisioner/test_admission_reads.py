@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,8 +21,8 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 import karios.provisioner
 from karios.common.db.migrate import upgrade
 from karios.provisioner.jobs.admission import Waiting, oldest_per_vendor
+from karios.provisioner.jobs.repository import _OLDEST_PER_VENDOR, _admission_rows
 from karios.provisioner.jobs.repository import T as JOBS
-from karios.provisioner.jobs.repository import _admission_rows
 
 pytestmark = pytest.mark.integration
 
@@ -105,8 +106,6 @@ async def test_a_round_reads_the_same_rows_whatever_the_queue_length(settings):
                 tx = await conn.begin()
                 await conn.execute(JOBS.insert(), rows)
                 await conn.execute(sa.text("ANALYZE provision.jobs"))
-                from karios.provisioner.jobs.repository import _OLDEST_PER_VENDOR
-
                 plan = "\n".join(
                     r[0]
                     for r in await conn.execute(
@@ -116,8 +115,6 @@ async def test_a_round_reads_the_same_rows_whatever_the_queue_length(settings):
                 await tx.rollback()
             assert "ix_jobs_waiting" in plan, plan
             # every "actual ... rows=R loops=L" of the plan: rows handled in all
-            import re
-
             read.append(
                 sum(int(r) * int(lp) for r, lp in re.findall(r"actual time=\S+ rows=(\d+) loops=(\d+)", plan))
             )

@@ -242,13 +242,13 @@ class JobRepository:
                     .returning(T.c.id, T.c.attempts)
                 )
             ]
-            if rows:
-                await conn.execute(
-                    sa.update(L)
-                    .where(L.c.job_id.in_([r[0] for r in rows]))
-                    .values(lease_until=self.lease_expr())
-                )
+            await self._extend(conn, [r[0] for r in rows])
             return rows
+
+    async def _extend(self, conn: Any, ids: list[str]) -> None:
+        """A full lease from now on ``ids`` (jobs this transaction just took or admitted)."""
+        if ids:
+            await conn.execute(sa.update(L).where(L.c.job_id.in_(ids)).values(lease_until=self.lease_expr()))
 
     async def release_leases(self) -> None:
         """Hand our worker-phase leases back (a graceful stop: another replica resumes at once)."""
@@ -281,7 +281,6 @@ class JobRepository:
                 for r in await s.exec(
                     sa.select(T.c.id).where(
                         T.c.admitted_at.is_not(None),
-                        T.c.state.in_(_WORK),
                         T.c.owner == self.replica,
                         T.c.state == State.queued.value,
                     )
@@ -308,10 +307,7 @@ class JobRepository:
                     .returning(T.c.id)
                 )
             ]
-            if ids:
-                await conn.execute(
-                    sa.update(L).where(L.c.job_id.in_(ids)).values(lease_until=self.lease_expr())
-                )
+            await self._extend(conn, ids)
             return earlier + ids
 
     async def admission(self, limits: Limits) -> tuple[dict[str, int], dict[str, str]]:
