@@ -91,7 +91,11 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
                 ).stdout
                 mdstat = (await conn.run("cat /proc/mdstat", check=True)).stdout
                 root = (await conn.run("findmnt -no SOURCE /", check=True)).stdout.strip()
-                efi = (await conn.run("findmnt -no FSTYPE /boot/efi", check=True)).stdout.strip()
+                # The ESP is mounted `nofail` (a mirror boots without its first disk), so systemd does
+                # not order it before the login prompt: on a loaded host sshd answers first. Wait for
+                # the boot's start-up jobs to finish ("running" or "degraded"), then look.
+                state = (await conn.run("timeout 120 systemctl is-system-running --wait", check=False)).stdout
+                efi = (await conn.run("findmnt -no FSTYPE /boot/efi", check=False)).stdout.strip()
                 cmdline = (await conn.run("cat /proc/cmdline", check=True)).stdout
             block = vm.monitor("info block")  # the harness's monitor socket answers
         finally:
@@ -101,7 +105,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
         assert public in authorized
         assert "raid1" in mdstat and "vda3" in mdstat and "vdb3" in mdstat, mdstat
         assert root.startswith("/dev/md"), root
-        assert efi == "vfat"  # the first disk's EFI system partition
+        assert efi == "vfat", state  # the first disk's EFI system partition
         assert "console=ttyS0,115200n8" in cmdline and "root=UUID=" in cmdline, cmdline
         assert "vda.img" in block and "vdb.img" in block, block
 
