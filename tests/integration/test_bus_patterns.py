@@ -128,3 +128,45 @@ async def test_pull_consumer_is_shared_by_replicas_skips_other_types_and_retries
             await c.stop()
         for bus in replicas:
             await bus.stop()
+
+
+async def test_pull_consumer_many_hands_over_a_fetch_at_once_and_redelivers_it_whole(settings):
+    """``many=True`` (the gateway's read model: one transaction per fetch): the handler gets a
+    fetch's events of its type in stream order, they are acked when it returns; when it raises,
+    every event of that fetch comes back (none half-applied, none lost)."""
+    bus = Bus.from_settings(settings, "bus-test-many")
+    batches: list[list[int]] = []
+    failed: list[list[int]] = []
+
+    async def apply(envs: list[Envelope]) -> None:
+        ticks = [e.data.n for e in envs]
+        assert all(isinstance(e.data, Tick) for e in envs)
+        assert [e.stream_seq for e in envs] == sorted(e.stream_seq for e in envs)
+        if 3 in ticks and not failed:
+            failed.append(ticks)
+            raise RuntimeError("database away")
+        batches.append(ticks)
+
+    consumer = None
+    try:
+        await bus.start()
+        for n in range(20):  # stored before the consumer starts: its first fetches are full
+            await bus.publish_event(Tick(n=n), bus.subjects.evt("test", "tick", str(n)))
+            await bus.publish_event(Tock(n=n), bus.subjects.evt("test", "tock", str(n)))
+        consumer = await bus.pull_events(
+            "bus-test-many", bus.subjects.events_of("test"), Tick, apply, many=True, batch=8, retry_delay=0.1
+        )
+
+        async def drained() -> bool:
+            info = await bus.js.consumer_info(bus.subjects.evt_stream, "bus-test-many")
+            return info.num_pending == 0 and info.num_ack_pending == 0
+
+        await wait_until(drained, timeout=15, what="every event acked")
+        handled = sorted(n for b in batches for n in b)
+        assert handled == list(range(20)), "every Tick applied once, no Tock"
+        assert max(len(b) for b in batches) > 1, batches  # a fetch at once, not one by one
+        assert len(failed) == 1 and set(failed[0]) <= set(handled)  # the failed fetch came back whole
+    finally:
+        if consumer is not None:
+            await consumer.stop()
+        await bus.stop()

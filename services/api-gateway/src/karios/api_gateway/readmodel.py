@@ -1,11 +1,11 @@
 """The gateway's read model of provisioning: ``jobs`` and ``provision_progresses`` (schema ``gateway``).
 
 :class:`ProvisionProjector` is a durable pull consumer (``Bus.pull_events``) of ``evt.provision.>``;
-each event is applied in one transaction with ``claim_message`` so a redelivered event changes nothing,
-and a job keeps its newest state: events reach the projector out of order (gateway replicas pull
-batches side by side; an event held by a replica that died comes back after the ack wait), so the
-row records the stream sequence and the sending time of the event it shows, and an older event is
-dropped (it was superseded: the history, in arrival order, keeps what was shown).
+each fetch's events are applied in one transaction with ``claim_messages`` so a redelivered event
+changes nothing, and a job keeps its newest state: events reach the projector out of order (gateway
+replicas pull batches side by side; an event held by a replica that died comes back after the ack
+wait), so the row records the stream sequence and the sending time of the event it shows, and an
+older event is dropped (it was superseded: the history, in arrival order, keeps what was shown).
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from pydantic import BaseModel
 from pydantic import Field as PField
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlmodel import Field, SQLModel, select
 
 from karios.api_gateway.models import SCHEMA, processed_messages
@@ -25,7 +26,7 @@ from karios.common.bus.deadletter import CommandFailed
 from karios.common.bus.runtime import Bus
 from karios.common.bus.streams import CMD_DUPLICATE_WINDOW_S
 from karios.common.contracts.provision import JobProgress, QueueEntry, QueueQuery, StartProvision
-from karios.common.db import Database, claim_message
+from karios.common.db import Database, claim_messages
 from karios.common.errors import KariosError
 from karios.common.provisioning import TERMINAL_STATES
 from karios.common.tasks import cancel_and_wait
@@ -175,40 +176,77 @@ async def apply_progress(
 ) -> bool:
     """Apply one event read at stream sequence ``seq`` (0: unknown), sent at ``sent`` (False if it
     was applied before or superseded: a redelivered "queued" must not take a booting job back)."""
+    return (await apply_many(db, [Delivered(message_id, ev, seq, sent)]))[0]
+
+
+class Delivered(NamedTuple):
+    """One event as the projector received it: envelope id, payload, stream sequence, sent at."""
+
+    message_id: str
+    event: JobProgress
+    seq: int = 0
+    sent: datetime | None = None
+
+
+async def apply_many(db: Database, events: Sequence[Delivered]) -> list[bool]:
+    """Apply a fetch's events in one transaction, in delivery order; for each, whether it
+    changed the read model (see :func:`apply_progress`).
+
+    The envelope ids are claimed in one statement and the jobs' rows locked in one, in id order
+    (replicas applying batches side by side lock them in one order); each event is then judged
+    against its job as the events before it in the batch left it — the same rules as one by one.
+    """
     async with db.session() as s, s.begin():
-        if not await claim_message(s, processed_messages, CONSUMER, message_id):
-            return False
-        job = await s.get(JobRow, ev.job_id, with_for_update=True)
-        if job is not None and superseded(job, seq, sent):
-            log.info("superseded event dropped", job_id=job.id, state=ev.state, seq=seq, shown=job.event_seq)
-            return False
-        if job is not None and job.job_status in TERMINAL_STATES and ev.state != job.job_status:
-            # Terminal is final (the state machine has no way out): a late event of a job the
-            # gateway already ended (dead-lettered, never reached a provisioner) changes nothing.
-            log.warning("event for an ended job ignored", job_id=job.id, state=ev.state)
-            return False
-        if job is None:
-            job = JobRow(id=ev.job_id, job_type=ev.job_type, bmc_ip=ev.bmc_ip, parent_id=ev.parent_id)
-            s.add(job)
-        job.job_status, job.status, job.progress = ev.state, ev.status, ev.percent
-        job.message = ev.message
-        if ev.log_tail:
-            job.log_tail = list(ev.log_tail)
-        job.node_ip = ev.node_ip or job.node_ip
-        job.resource_name = ev.resource_name or job.resource_name
-        if seq:
-            job.event_seq, job.event_time = seq, sent
-        job.updated_at = _now()
-        s.add(
-            ProvisionProgress(
-                bmc_ip=ev.bmc_ip,
-                job_id=ev.job_id,
-                stage=ev.stage,
-                percent_complete=ev.percent,
-                message=ev.message,
-                status=ev.status,
-            )
+        fresh = await claim_messages(s, processed_messages, CONSUMER, [d.message_id for d in events])
+        ids = sorted({d.event.job_id for d in events if d.message_id in fresh})
+        listed = sa.any_(sa.bindparam("ids", ids, type_=ARRAY(sa.String)))
+        query = select(JobRow).where(JobRow.id == listed).order_by(JobRow.id).with_for_update()  # type: ignore[arg-type]
+        jobs = {job.id: job for job in (await s.exec(query)).all()} if ids else {}
+        applied: list[bool] = []
+        for d in events:
+            if d.message_id not in fresh:
+                applied.append(False)
+                continue
+            fresh.discard(d.message_id)  # the same delivery twice in a fetch: applied once
+            applied.append(_apply_one(s, jobs, d))
+    return applied
+
+
+def _apply_one(s: Any, jobs: dict[str, JobRow], d: Delivered) -> bool:
+    ev, seq, sent = d.event, d.seq, d.sent
+    job = jobs.get(ev.job_id)
+    if job is not None and superseded(job, seq, sent):
+        log.info("superseded event dropped", job_id=job.id, state=ev.state, seq=seq, shown=job.event_seq)
+        return False
+    if job is not None and job.job_status in TERMINAL_STATES and ev.state != job.job_status:
+        # Terminal is final (the state machine has no way out): a late event of a job the
+        # gateway already ended (dead-lettered, never reached a provisioner) changes nothing.
+        log.warning("event for an ended job ignored", job_id=job.id, state=ev.state)
+        return False
+    if job is None:
+        job = jobs[ev.job_id] = JobRow(
+            id=ev.job_id, job_type=ev.job_type, bmc_ip=ev.bmc_ip, parent_id=ev.parent_id
         )
+        s.add(job)
+    job.job_status, job.status, job.progress = ev.state, ev.status, ev.percent
+    job.message = ev.message
+    if ev.log_tail:
+        job.log_tail = list(ev.log_tail)
+    job.node_ip = ev.node_ip or job.node_ip
+    job.resource_name = ev.resource_name or job.resource_name
+    if seq:
+        job.event_seq, job.event_time = seq, sent
+    job.updated_at = _now()
+    s.add(
+        ProvisionProgress(
+            bmc_ip=ev.bmc_ip,
+            job_id=ev.job_id,
+            stage=ev.stage,
+            percent_complete=ev.percent,
+            message=ev.message,
+            status=ev.status,
+        )
+    )
     return True
 
 
@@ -277,8 +315,10 @@ class ProvisionProjector:
         self._consumers: list[Any] = []
         self._loop: asyncio.Task[None] | None = None
 
-    async def _apply(self, ev: JobProgress, env: Any) -> None:
-        await apply_progress(self.db, env.id, ev, env.stream_seq, env.time)
+    async def _apply(self, envs: list[Any]) -> None:
+        """A fetch's events in one transaction (a storm's ~5 events per job: one commit per
+        fetch of up to 50, not one per event)."""
+        await apply_many(self.db, [Delivered(e.id, e.data, e.stream_seq, e.time) for e in envs])
 
     async def _dead_lettered(self, ev: CommandFailed, _env: Any) -> None:
         """A ``StartProvision`` given up on: its job fails with the bus's human reason."""
@@ -346,6 +386,7 @@ class ProvisionProjector:
                 self.bus.subjects.events_of("provision"),
                 JobProgress,
                 self._apply,
+                many=True,
                 ack_wait=self.ack_wait,
             )
         )

@@ -23,7 +23,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 
 from karios.common.bus.envelope import Envelope, RawEnvelope
-from karios.common.bus.tracing import consumer_span, delivery_span
+from karios.common.bus.tracing import consumer_span, consumer_spans, delivery_span
 from karios.common.contracts.base import Event
 from karios.common.tasks import cancel_and_wait
 from karios.common.telemetry import get_logger
@@ -112,6 +112,8 @@ async def read_range(
 
 
 EventHandler = Callable[[E, Envelope[Any]], Awaitable[None]]
+# A fetch's events at once, in delivery order (``many=True``): e.g. one transaction per fetch.
+ManyHandler = Callable[[list[Envelope[Any]]], Awaitable[None]]
 
 
 @dataclass
@@ -124,6 +126,9 @@ class PullConsumer(Generic[E]):
     a replica that died comes back after ``ack_wait``, so events arrive out of order: the
     envelope's ``stream_seq`` lets a read model keep an entity's newest state. A malformed event
     is acked and logged: redelivering it would never succeed.
+
+    With ``many``, ``handler`` takes the envelopes of a whole fetch (up to ``batch``) at once and
+    they are acked together when it returns, all redelivered when it raises.
     """
 
     js: Any
@@ -131,10 +136,11 @@ class PullConsumer(Generic[E]):
     durable: str
     subject: str
     model: type[E]
-    handler: EventHandler[E]
+    handler: EventHandler[E] | ManyHandler
     batch: int = 50
     ack_wait: float = 30.0
     retry_delay: float = 1.0
+    many: bool = False
     _sub: Any = None
     _task: asyncio.Task[None] | None = None
 
@@ -166,28 +172,58 @@ class PullConsumer(Generic[E]):
                 log.warning("pull consumer fetch failed", durable=self.durable, error=type(exc).__name__)
                 await asyncio.sleep(self.retry_delay)  # back off while NATS is away
                 continue
-            for msg in msgs:
-                await self._handle(msg)
+            if self.many:
+                await self._handle_many(msgs)
+            else:
+                for msg in msgs:
+                    await self._handle(msg)
 
-    async def _handle(self, msg: Any) -> None:
+    async def _decode(self, msg: Any) -> Envelope[Any] | None:
+        """The message's envelope, or None when it is not for us (acked: skipped for good)."""
         try:
             raw = RawEnvelope.model_validate_json(msg.data)
             if raw.type != self.model.TYPE:
                 await msg.ack()
-                return
+                return None
             env = Envelope[self.model].model_validate(raw.model_dump())  # type: ignore[name-defined]
             env.stream_seq = int(msg.metadata.sequence.stream)
         except ValidationError as exc:
             log.warning("pull consumer dropped a malformed event", subject=msg.subject, error=str(exc)[:200])
             await msg.ack()
+            return None
+        return env
+
+    async def _handle(self, msg: Any) -> None:
+        env = await self._decode(msg)
+        if env is None:
             return
         try:
             with consumer_span("bus", env, msg.subject, msg.headers):  # e.g. the read model's projection
-                await self.handler(env.data, env)
+                await self.handler(env.data, env)  # type: ignore[call-arg]
             await msg.ack()
         except Exception as exc:
             log.warning("pull consumer handler failed", subject=msg.subject, error=type(exc).__name__)
             await msg.nak(delay=self.retry_delay)
+
+    async def _handle_many(self, msgs: list[Any]) -> None:
+        taken = [(msg, env) for msg in msgs if (env := await self._decode(msg)) is not None]
+        if not taken:
+            return
+        try:
+            with consumer_spans("bus", [(env, msg.subject, msg.headers) for msg, env in taken]):
+                await self.handler([env for _, env in taken])  # type: ignore[call-arg,arg-type]
+        except Exception as exc:
+            log.warning(
+                "pull consumer handler failed",
+                subject=self.subject,
+                events=len(taken),
+                error=type(exc).__name__,
+            )
+            for msg, _ in taken:
+                await msg.nak(delay=self.retry_delay)
+            return
+        for msg, _ in taken:
+            await msg.ack()
 
     async def stop(self) -> None:
         if self._task is not None:

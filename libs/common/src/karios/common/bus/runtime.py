@@ -38,6 +38,7 @@ from karios.common.bus.connection import UNAVAILABLE as _UNAVAILABLE
 from karios.common.bus.connection import reconnect_backoff
 from karios.common.bus.consumers import (
     EventHandler,
+    ManyHandler,
     OrderedSubscription,
     PullConsumer,
     StreamCallback,
@@ -415,10 +416,16 @@ class Bus:
         return read_range(self.js, subject or self.subjects.all_events, after, until)
 
     async def pull_events(
-        self, durable: str, subject: str, model: type[E], handler: EventHandler[E], **options: Any
+        self,
+        durable: str,
+        subject: str,
+        model: type[E],
+        handler: EventHandler[E] | ManyHandler,
+        **options: Any,
     ) -> PullConsumer[E]:
         """Start a durable pull consumer shared by every replica: each ``model`` event on ``subject``
-        is handled once (``handler(payload, envelope)``), acked on success, redelivered on error."""
+        is handled once (``handler(payload, envelope)``; with ``many=True`` a fetch's envelopes at
+        once, ``handler(envelopes)``), acked on success, redelivered on error."""
         consumer = PullConsumer(
             self.js, self.subjects.evt_stream, durable, subject, model, handler, **options
         )

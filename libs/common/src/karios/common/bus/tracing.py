@@ -21,7 +21,7 @@ from faststream.nats.opentelemetry.provider import (
 from faststream.opentelemetry.middleware import TelemetryMiddleware
 from nats.aio.msg import Msg
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from karios.common.bus.envelope import correlation_scope
 from karios.common.telemetry import context_from_headers
@@ -103,9 +103,7 @@ def consumer_span(
     tracer = trace.get_tracer(f"karios.{service}")
     attrs = _attributes(env, subject, "process")
     attrs["messaging.nats.delivery_count"] = deliveries
-    carrier = dict(headers or {})
-    if "traceparent" not in carrier and getattr(env, "traceparent", None):
-        carrier["traceparent"] = env.traceparent
+    carrier = _carrier(env, headers)
     name = f"process {destination_template(subject, env.subject)}"
     with correlation_scope(env.correlationid):
         # Under FastStream's own delivery span (its telemetry middleware continued the same
@@ -122,6 +120,47 @@ def consumer_span(
             name, context=context, kind=SpanKind.CONSUMER, attributes=attrs
         ) as span:
             yield span
+
+
+def _carrier(env: Any, headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The message's trace context: its headers, else the envelope's ``traceparent``."""
+    carrier = dict(headers or {})
+    if "traceparent" not in carrier and getattr(env, "traceparent", None):
+        carrier["traceparent"] = env.traceparent
+    return carrier
+
+
+@contextmanager
+def consumer_spans(
+    service: str, deliveries: Sequence[tuple[Any, str, Mapping[str, str] | None]]
+) -> Iterator[list[trace.Span]]:
+    """One ``CONSUMER`` span per delivery of a batch handled at once (a read model applying a
+    fetch in one transaction): each ``(envelope, subject, headers)`` continues its own message's
+    trace — none is made current, the batch's messages belong to different traces — and all end
+    with the batch, an error recorded on each."""
+    tracer = trace.get_tracer(f"karios.{service}")
+    spans: list[trace.Span] = []
+    for env, subject, headers in deliveries:
+        attrs = _attributes(env, subject, "process")
+        attrs["messaging.batch.message_count"] = len(deliveries)
+        spans.append(
+            tracer.start_span(
+                f"process {destination_template(subject, env.subject)}",
+                context=context_from_headers(_carrier(env, headers)),
+                kind=SpanKind.CONSUMER,
+                attributes=attrs,
+            )
+        )
+    try:
+        yield spans
+    except BaseException as exc:
+        for span in spans:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        raise
+    finally:
+        for span in spans:
+            span.end()
 
 
 @contextmanager

@@ -12,12 +12,13 @@ write succeeds (:meth:`Database.probe_write`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -198,11 +199,26 @@ async def claim_message(session: AsyncSession, table: sa.Table, consumer: str, m
     The record commits or rolls back together with the state change, so a crash between
     the two cannot leave one without the other.
     """
+    return bool(await claim_messages(session, table, consumer, [message_id]))
+
+
+async def claim_messages(
+    session: AsyncSession, table: sa.Table, consumer: str, message_ids: Collection[str]
+) -> set[str]:
+    """:func:`claim_message` for many messages in one statement: those not processed before.
+
+    The ids are inserted in sorted order: two transactions claiming overlapping sets (replicas
+    handed the same redelivered events) wait on each other's rows in one order, never crosswise.
+    """
+    if not message_ids:
+        return set()
+    # One array parameter (one statement text, its prepared statement reused, whatever the count).
+    ids = sa.func.unnest(sa.bindparam("ids", sorted(set(message_ids)), type_=ARRAY(sa.String)))
+    rows = sa.select(sa.literal(consumer), ids, sa.literal(datetime.now(UTC), sa.DateTime(timezone=True)))
     stmt = (
         pg_insert(table)
-        .values(consumer=consumer, message_id=message_id, processed_at=datetime.now(UTC))
+        .from_select(["consumer", "message_id", "processed_at"], rows)
         .on_conflict_do_nothing()
         .returning(table.c.message_id)
     )
-    result = await session.execute(stmt)
-    return result.first() is not None
+    return {r[0] for r in await (await session.connection()).execute(stmt)}
