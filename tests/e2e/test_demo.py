@@ -331,7 +331,7 @@ def _job_events(gw: str, token: str, job_id: str) -> list[tuple[str, dict]]:
     return found
 
 
-@pytest.mark.vm(chain="debian-installer")  # the shorter chain: ~12 min warm beside the image chain's ~16
+@pytest.mark.vm(chain="debian-installer")  # the second VM chain, beside the image chain (tests/conftest.py)
 @pytest.mark.timeout(2700)  # the image install under TCG: 6-10 min quiet, more under load
 def test_demo_vm_installs_a_real_vm_to_first_boot_and_stops_clean():
     reason = _vm_skip_reason()

@@ -38,7 +38,7 @@ def _missing() -> str | None:
 pytestmark = [
     pytest.mark.lab,
     pytest.mark.skipif(_missing() is not None, reason=_missing() or ""),
-    pytest.mark.vm,
+    pytest.mark.vm(chain="debian-installer"),  # the second VM chain: evens the chains out (tests/conftest.py)
 ]
 
 

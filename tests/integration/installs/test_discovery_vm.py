@@ -23,7 +23,13 @@ from tests.fixtures.bootapi import boot_settings
 from tests.fixtures.bootapi_hosts import EmptyHosts
 from tests.lab.vm import MIB, VM, Disk
 
-pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.timeout(600), pytest.mark.vm]
+# On the second VM chain (tests/conftest.py): it evens out the two chains' lengths.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.lab,
+    pytest.mark.timeout(600),
+    pytest.mark.vm(chain="debian-installer"),
+]
 GW = "10.0.2.100"  # the host, as the guest reaches it (tests/lab/vm.py: guestfwd)
 MAC = "52:54:00:de:0d:01"
 
