@@ -1,0 +1,102 @@
+"""Where a test run's CPU goes: sample every process each ``--interval`` seconds until the pid
+``--until`` exits (or Ctrl-C), then print CPU seconds by kind of process and how busy the machine
+was. For the CI budget (docs/DEVELOPING.md): the suite is CPU-bound on 2 cores, so its wall time
+is bounded below by its CPU seconds / cores — this says which processes to make cheaper.
+
+    python scripts/ci_cpu.py --until <pid of scripts/test.sh> > /tmp/ci-cpu.txt &
+
+Counts every process on the machine (PostgreSQL's and NATS's servers too, which ``time`` of the
+test command does not), CPU from when each process is first seen; a process that starts and ends
+between two samples is missed (its parent's reaped-children time is not added: that would count
+twice what the samples saw).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+
+import psutil
+
+KINDS = [  # (kind, substrings of the command line), first match wins
+    ("qemu (VM tests, TCG)", ("qemu-system",)),
+    ("NetBox (lab)", ("netbox",)),
+    ("Redfish emulators (lab)", ("sushy", "launch_sushy")),
+    (
+        "FRR / sshd in namespaces (lab)",
+        ("bgpd", "zebra", "ospfd", "bfdd", "staticd", "mgmtd", "watchfrr", "sshd"),
+    ),
+    ("Chromium (console tests)", ("chrom",)),
+    ("Karios services (karios run/up)", ("karios.cli run", "karios.cli up", "-m karios", "karios up")),
+    ("pytest workers", ("exec(eval(sys.stdin.readline()))", "pytest")),
+    ("PostgreSQL", ("postgres",)),
+    ("NATS", ("nats-server",)),
+    ("image builds / apt (lab)", ("mmdebstrap", "apt", "dpkg", "zstd", "xorriso", "mksquashfs", "cpio")),
+    ("uv / compile", ("uv ", "/uv", "compileall")),
+]
+
+
+def kind_of(cmd: str) -> str:
+    for kind, keys in KINDS:
+        if any(k in cmd for k in keys):
+            return kind
+    return "other"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--until", type=int, default=0, help="stop when this pid exits")
+    ap.add_argument("--interval", type=float, default=2.0)
+    a = ap.parse_args()
+    seen: dict[int, tuple[str, float, float]] = {}  # pid -> (kind, first cpu, last cpu)
+    others: dict[str, float] = {}
+    t0, busy0 = time.monotonic(), psutil.cpu_times()
+    try:
+        while not a.until or psutil.pid_exists(a.until):
+            for p in psutil.process_iter(["cmdline", "name"]):
+                with contextlib.suppress(psutil.Error):
+                    t = p.cpu_times()
+                    cpu = t.user + t.system
+                    if p.pid in seen:
+                        k, first, _ = seen[p.pid]
+                        seen[p.pid] = (k, first, cpu)
+                    else:
+                        cmd = " ".join(p.info["cmdline"] or [p.info["name"] or ""])
+                        seen[p.pid] = (kind_of(cmd), cpu, cpu)
+                        if kind_of(cmd) == "other":
+                            others.setdefault((p.info["name"] or "?")[:30], 0.0)
+            time.sleep(a.interval)
+    except KeyboardInterrupt:
+        pass
+    wall = time.monotonic() - t0
+    end = psutil.cpu_times()
+    idle = (end.idle + getattr(end, "iowait", 0)) - (busy0.idle + getattr(busy0, "iowait", 0))
+    total = sum(end) - sum(busy0)
+    by: dict[str, float] = {}
+    for pid, (k, first, last) in seen.items():
+        by[k] = by.get(k, 0.0) + (last - first)
+        if k == "other":
+            with contextlib.suppress(psutil.Error):
+                others[psutil.Process(pid).name()[:30]] = others.get(psutil.Process(pid).name()[:30], 0.0) + (
+                    last - first
+                )
+    ncpu = psutil.cpu_count() or 1
+    print(
+        f"\nCPU of the run: {wall:.0f} s of wall time on {ncpu} CPUs, "
+        f"machine {100 * (1 - idle / total):.0f} % busy"
+    )
+    print(f"(CPU seconds / {ncpu}: the wall time the run could not go below)\n")
+    print("| processes | CPU s | share | CPU s / cores |")
+    print("| --- | ---: | ---: | ---: |")
+    counted = sum(by.values())
+    for k, v in sorted(by.items(), key=lambda kv: -kv[1]):
+        print(f"| {k} | {v:.0f} | {100 * v / counted:.0f} % | {v / ncpu:.0f} |")
+    print(f"| all sampled | {counted:.0f} | 100 % | {counted / ncpu:.0f} |")
+    top = sorted(((v, n) for n, v in others.items() if v > 1), reverse=True)[:8]
+    if top:
+        print("\nother, by name: " + ", ".join(f"{n} {v:.0f} s" for v, n in top))
+
+
+if __name__ == "__main__":
+    main()
