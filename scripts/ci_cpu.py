@@ -6,9 +6,10 @@ is bounded below by its CPU seconds / cores — this says which processes to mak
     python scripts/ci_cpu.py --until <pid of scripts/test.sh> > /tmp/ci-cpu.txt &
 
 Counts every process on the machine (PostgreSQL's and NATS's servers too, which ``time`` of the
-test command does not), CPU from when each process is first seen; a process that starts and ends
-between two samples is missed (its parent's reaped-children time is not added: that would count
-twice what the samples saw).
+test command does not): all the CPU of a process started after the sampler, the rest from when it
+is first seen. A process that starts and ends between two samples is missed (its parent's
+reaped-children time is not added: that would count twice what the samples saw) — the difference
+between "all sampled" and the machine's busy time is theirs (and the kernel's).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def main() -> None:
     a = ap.parse_args()
     seen: dict[int, tuple[str, float, float]] = {}  # pid -> (kind, first cpu, last cpu)
     others: dict[str, float] = {}
-    t0, busy0 = time.monotonic(), psutil.cpu_times()
+    t0, busy0, started = time.monotonic(), psutil.cpu_times(), time.time()
     try:
         while not a.until or psutil.pid_exists(a.until):
             for p in psutil.process_iter(["cmdline", "name"]):
@@ -63,7 +64,9 @@ def main() -> None:
                         seen[p.pid] = (k, first, cpu)
                     else:
                         cmd = " ".join(p.info["cmdline"] or [p.info["name"] or ""])
-                        seen[p.pid] = (kind_of(cmd), cpu, cpu)
+                        # Started after us: all its CPU is the run's (a service's imports, say).
+                        base = 0.0 if p.create_time() >= started else cpu
+                        seen[p.pid] = (kind_of(cmd), base, cpu)
                         if kind_of(cmd) == "other":
                             others.setdefault((p.info["name"] or "?")[:30], 0.0)
             time.sleep(a.interval)
@@ -93,6 +96,8 @@ def main() -> None:
     for k, v in sorted(by.items(), key=lambda kv: -kv[1]):
         print(f"| {k} | {v:.0f} | {100 * v / counted:.0f} % | {v / ncpu:.0f} |")
     print(f"| all sampled | {counted:.0f} | 100 % | {counted / ncpu:.0f} |")
+    busy = total - idle
+    print(f"| machine busy (sampled + short-lived processes + kernel) | {busy:.0f} | | {busy / ncpu:.0f} |")
     top = sorted(((v, n) for n, v in others.items() if v > 1), reverse=True)[:8]
     if top:
         print("\nother, by name: " + ", ".join(f"{n} {v:.0f} s" for v, n in top))
