@@ -51,6 +51,14 @@ def _job(job_id: str, i: int) -> dict:
     }
 
 
+async def _expired(url: str, job_id: str) -> None:
+    await _rows(
+        url,
+        "UPDATE provision.job_leases SET lease_until = now() - interval '1 s' WHERE job_id = :id",
+        id=job_id,
+    )
+
+
 @pytest.fixture
 async def repos(settings):
     await asyncio.to_thread(upgrade, MIGRATIONS, settings.database_url, "provision")
@@ -95,11 +103,7 @@ async def test_a_claim_takes_expired_and_handed_back_leases_only(repos, settings
     ids = [f"lease-claim-{i}" for i in range(3)]
     for i, job_id in enumerate(ids):
         assert (await a.insert({**_job(job_id, 10 + i), "owner": a.replica}))[0]
-    await _rows(
-        url,
-        "UPDATE provision.job_leases SET lease_until = now() - interval '1 s' WHERE job_id = :id",
-        id=ids[0],
-    )
+    await _expired(url, ids[0])
     mine = [j for j, _ in await b.claim_expired(limit=10) if j.startswith("lease-claim-")]
     assert mine == [ids[0]]  # the live leases stay with replica-a
     # A graceful stop hands every lease back: claimable at once, no expiry to wait for.
@@ -232,12 +236,10 @@ class _Pause:
         await self.engine.dispose()
 
 
-async def _expired(url: str, job_id: str) -> None:
-    await _rows(
-        url,
-        "UPDATE provision.job_leases SET lease_until = now() - interval '1 s' WHERE job_id = :id",
-        id=job_id,
-    )
+async def _expired_job(repo: JobRepository, url: str, job_id: str, i: int) -> None:
+    """A job ``repo`` owns whose lease has just expired (what a sweep may take)."""
+    assert (await repo.insert({**_job(job_id, i), "owner": repo.replica}))[0]
+    await _expired(url, job_id)
 
 
 async def _lease_writer(url: str, job_id: str) -> dict:
@@ -257,8 +259,7 @@ async def test_a_renewal_committed_after_a_claims_snapshot_keeps_the_job(repos, 
     sweep re-checks it renewed and takes nothing — one owner, the machine reset once."""
     a, b = repos
     url, job_id = settings.database_url, "race-snapshot"
-    assert (await a.insert({**_job(job_id, 40), "owner": a.replica}))[0]
-    await _expired(url, job_id)
+    await _expired_job(a, url, job_id, 40)
     # The pause fires when the claim's UPDATE starts: after its snapshot, before any row is locked.
     async with _Pause(url, "provision.jobs", "BEFORE UPDATE") as pause:
         claim = asyncio.create_task(b.claim_expired(limit=10))
@@ -279,8 +280,7 @@ async def test_a_claim_in_flight_makes_the_renewal_report_the_job_lost(repos, se
     leaves the lease the sweep wrote."""
     a, b = repos
     url, job_id = settings.database_url, "race-in-flight"
-    assert (await a.insert({**_job(job_id, 41), "owner": a.replica}))[0]
-    await _expired(url, job_id)
+    await _expired_job(a, url, job_id, 41)
     # The pause fires after the claim's UPDATE of the job row, holding its locks.
     async with _Pause(url, "provision.jobs", "AFTER UPDATE") as pause:
         claim = asyncio.create_task(b.claim_expired(limit=10))
@@ -301,8 +301,7 @@ async def test_a_renewal_in_flight_makes_the_sweep_skip_the_job(repos, settings)
     sweep comes: the sweep skips the row rather than wait, and the job stays replica-a's."""
     a, b = repos
     url, job_id = settings.database_url, "race-renewing"
-    assert (await a.insert({**_job(job_id, 42), "owner": a.replica}))[0]
-    await _expired(url, job_id)
+    await _expired_job(a, url, job_id, 42)
     async with _Pause(url, "provision.job_leases", "AFTER UPDATE") as pause:
         renewal = asyncio.create_task(a.renew([job_id]))
         await pause.until("advisory")
