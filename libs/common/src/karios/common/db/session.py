@@ -96,6 +96,21 @@ def _connect_or_unreachable(dialect, conn_rec, cargs, cparams):  # type: ignore[
         raise DatabaseUnreachable(f"database unreachable: {exc.strerror or type(exc).__name__}") from exc
 
 
+def _replace_closed(dbapi_connection, connection_record, connection_proxy):  # type: ignore[no-untyped-def]
+    """Pool ``checkout`` hook: a pooled connection the server closed is replaced before use.
+
+    PostgreSQL ends its connections when it restarts or a backend is terminated; asyncpg sees the
+    socket close as it happens (its protocol always reads), so ``is_closed()`` answers without a
+    round trip. SQLAlchemy's ``pool_pre_ping`` did the same job with three (asyncpg's ping is
+    ``BEGIN; SELECT; ROLLBACK``, for pgbouncer) on every checkout: a third of the statements a
+    short transaction sends. A connection that dies unseen fails its first statement as a
+    disconnect, which invalidates the whole pool (SQLAlchemy) and reaches the caller as the
+    database unavailable — as a statement failing mid-transaction always did.
+    """
+    if dbapi_connection.driver_connection.is_closed():
+        raise sa.exc.DisconnectionError("the database closed this connection")
+
+
 class Database:
     def __init__(
         self,
@@ -110,7 +125,6 @@ class Database:
         self.engine: AsyncEngine = create_async_engine(
             url,
             pool_size=pool_size,
-            pool_pre_ping=True,
             pool_timeout=connect_timeout + command_timeout,
             connect_args={
                 "timeout": connect_timeout,
@@ -120,6 +134,7 @@ class Database:
             },
         )
         event.listen(self.engine.sync_engine, "do_connect", _connect_or_unreachable)
+        event.listen(self.engine.sync_engine.pool, "checkout", _replace_closed)
         #: On while the last write failed for a full disk; every statement's error passes here
         #: (requests, background writers, relays alike), whatever the caller makes of it.
         self.storage = StorageAlarm("database")
