@@ -23,7 +23,7 @@ from tests.fixtures.installs import SUITE, InstallerEndpoint, initrd_with_overla
 from tests.fixtures.wait import wait_until
 from tests.lab.vm import VM, Disk
 
-pytestmark = [pytest.mark.timeout(1500), pytest.mark.vm]
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.vm(chain="debian-installer")]
 GW = "10.0.2.100"
 
 

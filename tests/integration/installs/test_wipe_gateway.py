@@ -1,7 +1,11 @@
 """Unprovision END TO END through the gateway: the wipe medium Karios built, booted in qemu
 (TCG) with a virtio, an AHCI and an NVMe disk each marked at its first and last MiB (one with a
 partition table and an ext4 filesystem) → every marker gone, one result per disk on the job
-(SSE steps and the job's last message), job ``completed``, the VM powered itself off."""
+(SSE steps and the job's last message), job ``completed``, the VM powered itself off.
+
+The one boot of the wipe medium on every bus with the default policy: the other wipe boots
+(``test_wipe_direct.py``: a named disk, discard that does not zero, the secure policy) run the
+medium without the job service."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import httpx
 import pytest
 
 from tests.fixtures.apps import ADMIN
-from tests.fixtures.installs import InstallStack, marked_disks, probe
+from tests.fixtures.installs import PART_OFFSET, InstallStack, marked_disks, probe
 from tests.fixtures.provision import fetch_medium, wait_bmc_clean, wait_job
 from tests.fixtures.sse import open_sse
 from tests.lab.vm import MIB, VM, read_marker
@@ -63,9 +67,12 @@ async def test_unprovision_wipes_every_disk_through_the_gateway(install_stack: I
         assert len(per_disk) == 3 and all(
             m.endswith("read back as zeros, blkid finds nothing") for m in per_disk
         ), steps
+        # the virtio disk held an MBR and an ext4 (two signatures); discard=unmap reads back as zeros
+        vda = [m for m in per_disk if "wiped 256 MiB: 2 signature(s) cleared" in m]
+        assert len(vda) == 1 and "discard zeroed the " in vda[0], per_disk
         await wait_bmc_clean(st.emu, st.system_id)
     for d in disks:
         assert read_marker(d.path, "first") == bytes(MIB), f"{d.bus}: first MiB not wiped"
         assert read_marker(d.path, "last") == bytes(MIB), f"{d.bus}: last MiB not wiped"
-    assert probe(disks[0].path) == ""
+    assert probe(disks[0].path) == "" and "ext4" not in probe(disks[0].path, PART_OFFSET)
     print(f"wipe through the gateway: qemu start to power-off {elapsed:.1f} s; {done['message']}")
