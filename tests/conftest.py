@@ -48,12 +48,13 @@ from tests.fixtures.apps import REQUIRE, RunningApp, start_app
 
 #: The serial chains, in the order they are sent. `@pytest.mark.vm` is the image chain;
 #: `@pytest.mark.vm(chain="debian-installer")` a second chain beside it: the Debian installer's
-#: tests, the README demo's VM, and the PXE boots (discovery, a real iPXE) and the unreachable-image
-#: boot that balance the two (two VMs at a time; the longer chain is the run's critical path. A
-#: warm rehearsal on 2026-12-06, sums of test durations: image chain ~1,750 s, the other ~1,530 s —
-#: the PXE boots, ~110 s, moved over; then one boot fewer on each (the wipe of every disk and the
-#: installer reaching its mirror are each booted once, through the gateway) and the
-#: unreachable-image boot, ~70 s warm, moved over too; the rest of the suite is done before them).
+#: tests, the README demo's VM, and the PXE boots (discovery, a real iPXE), the unreachable-image
+#: boot and the media-slot boots that balance the two (two VMs at a time; the longer chain is the
+#: run's critical path. A warm rehearsal on 2026-12-06, sums of test durations: image chain
+#: ~1,750 s, the other ~1,530 s — the PXE boots, ~110 s, moved over; then one boot fewer on each
+#: (the wipe of every disk and the installer reaching its mirror are each booted once, through the
+#: gateway) and the unreachable-image boot moved over: image chain ~2,210 s, the other ~1,800 s on
+#: a slower machine — so the media-slot boots, ~130 s, too; the rest of the suite is done before them).
 SERIAL_GROUPS = ("vm", "vm-debian-installer", "fabric_lab")
 
 

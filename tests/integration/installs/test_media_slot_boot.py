@@ -18,7 +18,12 @@ from karios.provisioner.media import MediaBuilder
 from tests.fixtures.installs import InstallerEndpoint, tempfile_dir
 from tests.lab.vm import MIB, OVMF_CODE, VM, Disk, make_disk, read_marker, write_marker
 
-pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.timeout(900), pytest.mark.vm]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.lab,
+    pytest.mark.timeout(900),
+    pytest.mark.vm(chain="debian-installer"),
+]
 GW = "10.0.2.100"
 
 
