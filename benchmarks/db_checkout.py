@@ -18,30 +18,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import time
-import uuid
+from pathlib import Path
 
 import psutil
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from karios.common.db import Database
 from karios.common.db import session as db_session
 
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the repo root: benchmarks.launch
+from benchmarks.launch import cpu_seconds, scratch_database  # noqa: E402
+
 ADMIN_URL = os.environ.get("KARIOS_PG_ADMIN_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres")
 STATEMENT = sa.text("SELECT count(*) FROM pg_class WHERE relkind = 'r'")
-
-
-def _backend_cpu(pids: set[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            t = psutil.Process(pid).cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system
-    return total
 
 
 async def run(url: str, mode: str, tasks: int, transactions: int) -> dict[str, float]:
@@ -50,12 +43,12 @@ async def run(url: str, mode: str, tasks: int, transactions: int) -> dict[str, f
         event.remove(db.engine.sync_engine.pool, "checkout", db_session._replace_closed)
         db.engine.sync_engine.pool._pre_ping = True
     sent: list[str] = []
-    pids: set[int] = set()
+    backends: list[psutil.Process] = []
 
     @event.listens_for(db.engine.sync_engine, "connect")
     def _log(dbapi_connection, _record):  # type: ignore[no-untyped-def]
         dbapi_connection.driver_connection.add_query_logger(lambda r: sent.append(r.query))
-        pids.add(dbapi_connection.driver_connection.get_server_pid())
+        backends.append(psutil.Process(dbapi_connection.driver_connection.get_server_pid()))
 
     async def one() -> None:
         for _ in range(transactions):
@@ -65,16 +58,16 @@ async def run(url: str, mode: str, tasks: int, transactions: int) -> dict[str, f
     await asyncio.gather(*(one() for _ in range(min(tasks, 12))))  # warm: the pool's connections exist
     sent.clear()
     me = psutil.Process()
-    c0, b0, w0 = sum(me.cpu_times()[:2]), _backend_cpu(pids), time.perf_counter()
+    c0, b0, w0 = sum(me.cpu_times()[:2]), cpu_seconds(backends), time.perf_counter()
     await asyncio.gather(*(one() for _ in range(tasks)))
     wall = time.perf_counter() - w0
-    cpu, backends = sum(me.cpu_times()[:2]) - c0, _backend_cpu(pids) - b0
+    cpu, server = sum(me.cpu_times()[:2]) - c0, cpu_seconds(backends) - b0
     await db.close()
     n = tasks * transactions
     return {
         "tps": n / wall,
         "client_ms": cpu / n * 1000,
-        "server_ms": backends / n * 1000,
+        "server_ms": server / n * 1000,
         "statements": len(sent) / n,
         "wall": wall,
     }
@@ -85,19 +78,10 @@ async def main() -> None:
     ap.add_argument("--tasks", type=int, default=40)
     ap.add_argument("--transactions", type=int, default=50)
     args = ap.parse_args()
-    name = f"karios_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_async_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as c:
-        await c.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.engine.make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    try:
+    async with scratch_database(ADMIN_URL, "karios_bench_checkout") as (_, url):
         results = {
             mode: await run(url, mode, args.tasks, args.transactions) for mode in ("pre-ping", "closed check")
         }
-    finally:
-        async with admin.connect() as c:
-            await c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        await admin.dispose()
     n = args.tasks * args.transactions
     cpus = psutil.cpu_count()
     print(f"\n{n} transactions ({args.tasks} tasks × {args.transactions}), pool of 12, {cpus} CPUs\n")

@@ -1,7 +1,9 @@
 """How a benchmark starts the whole system: ``karios up`` on free ports, a database of its own, the
 run's file inventory, the output read in a thread, the admin token read from the state directory;
 and how it stops it (SIGTERM, the database dropped). One launcher for every benchmark that needs
-the real services (``every_route.py``, ``hot_paths.py``, ``provision_storm.py``).
+the real services (``every_route.py``, ``hot_paths.py``, ``provision_storm.py``). For those that
+run parts of a service in-process: :func:`scratch_database` (a database of their own, dropped
+afterwards) and :func:`cpu_seconds` (what a set of processes used).
 
 ``up_args`` adds to ``karios up``'s command line (``--cluster 3``, ``--service-replicas
 provisioner=3``…); then :meth:`KariosUp.processes_of` lists every replica of a service,
@@ -12,6 +14,7 @@ provisioner=3``…); then :meth:`KariosUp.processes_of` lists every replica of a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,39 @@ async def sql(db_url: str, statement: str, db: str | None = None) -> list[Any]:
             return list(res.all()) if res.returns_rows else []
     finally:
         await engine.dispose()
+
+
+@contextlib.asynccontextmanager
+async def scratch_database(admin_url: str, prefix: str) -> AsyncIterator[tuple[str, str]]:
+    """A new database ``<prefix>_<random>`` on the server of ``admin_url``: its name and URL;
+    dropped (connections and all) when the block ends, however it ends."""
+    import sqlalchemy as sa
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        async with admin.connect() as c:
+            await c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        try:
+            yield name, sa.engine.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+        finally:
+            async with admin.connect() as c:
+                await c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        await admin.dispose()
+
+
+def cpu_seconds(procs: Any) -> float:
+    """User + system CPU seconds of ``procs`` (``psutil.Process``es); one that is gone counts 0."""
+    import psutil
+
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
 
 
 class KariosUp:

@@ -3,7 +3,8 @@
 For each relay count (default 1 and 2): that many relays run, each in its own process as a
 gateway replica runs it — the gateway's own :class:`CommandOutbox` (LISTEN/NOTIFY wake-up, batches
 claimed with SKIP LOCKED, published concurrently, marked in one statement) with its real
-``on_relayed`` (the read model's touch of the job row). Then a burst of N provisions is committed
+``on_relayed_many`` (the read model's touch of the relayed jobs' rows, one statement per batch).
+Then a burst of N provisions is committed
 as the route commits them — each its own transaction (job row + outbox row), from ``--writers``
 concurrent writers, as fast as PostgreSQL takes them. Each command's latency runs from its commit
 returning to its delivery by a JetStream consumer of the command stream (so it was stored); each
@@ -32,7 +33,6 @@ from pathlib import Path
 
 import nats
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import create_async_engine
 
 import karios.api_gateway
 from karios.api_gateway.outbox import CommandOutbox, outbox_table
@@ -42,6 +42,10 @@ from karios.common.contracts.provision import ProvisionSpec, StartProvision
 from karios.common.db import Database
 from karios.common.db.migrate import upgrade
 from karios.common.settings import KariosSettings
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the repo root: benchmarks.launch
+from benchmarks.launch import scratch_database  # noqa: E402
 
 MIGRATIONS = Path(karios.api_gateway.__file__).parent / "migrations"
 LIMIT_S = 1.0  # issue 28 item 2: p99 commit → JetStream
@@ -53,32 +57,13 @@ def _settings(nats_url: str, database_url: str, prefix: str) -> KariosSettings:
     )
 
 
-def _touch_many(db: Database):  # type: ignore[no-untyped-def]
-    """``ProvisionProjector.relayed`` for a whole round in one statement (``--bookkeeping batch``:
-    the proposed wiring; the gateway's app passes the per-command ``projector.relayed`` today)."""
-
-    async def touch(commands) -> None:  # type: ignore[no-untyped-def]
-        ids = [c.job_id for c in commands if isinstance(c, StartProvision)]
-        async with db.session() as s, s.begin():
-            await s.exec(
-                sa.update(JobRow)
-                .where(JobRow.id.in_(ids), JobRow.job_status == "queued")  # type: ignore[attr-defined]
-                .values(updated_at=sa.func.now())
-            )
-
-    return touch
-
-
-async def relay_child(nats_url: str, database_url: str, prefix: str, name: str, bookkeeping: str) -> None:
+async def relay_child(nats_url: str, database_url: str, prefix: str, name: str) -> None:
     """One relay (a gateway replica's), until SIGTERM; prints ``ready`` once it LISTENs."""
     settings = _settings(nats_url, database_url, prefix)
     bus, db = Bus.from_settings(settings, name), Database(settings.database_url)
     await bus.start()
     projector = ProvisionProjector(bus, db, lost_after=600)
-    if bookkeeping == "batch":
-        outbox = CommandOutbox(bus, db.engine, on_relayed_many=_touch_many(db))
-    else:  # as the gateway's app wires it
-        outbox = CommandOutbox(bus, db.engine, on_relayed=projector.relayed)
+    outbox = CommandOutbox(bus, db.engine, on_relayed_many=projector.relayed_many)  # as the gateway's app
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await outbox.start()
@@ -94,12 +79,10 @@ async def relay_child(nats_url: str, database_url: str, prefix: str, name: str, 
     await db.close()
 
 
-async def _spawn(
-    n: int, nats_url: str, database_url: str, prefix: str, bookkeeping: str
-) -> list[asyncio.subprocess.Process]:
+async def _spawn(n: int, nats_url: str, database_url: str, prefix: str) -> list[asyncio.subprocess.Process]:
     procs = []
     for i in range(n):
-        args = ["--child", nats_url, database_url, prefix, f"relay-{i}", bookkeeping]
+        args = ["--child", nats_url, database_url, prefix, f"relay-{i}"]
         proc = await asyncio.create_subprocess_exec(
             sys.executable, __file__, *args, stdout=asyncio.subprocess.PIPE
         )
@@ -129,7 +112,6 @@ async def one_run(
     relays: int,
     writers: int,
     one_commit: bool,
-    bookkeeping: str,
 ) -> dict:
     prefix = f"obench{uuid.uuid4().hex[:8]}"
     settings = _settings(nats_url, database_url, prefix)
@@ -156,7 +138,7 @@ async def one_run(
     js = nc.jetstream()
     await js.subscribe(subject, cb=on_stored, stream=bus.subjects.cmd_stream)  # explicit ack (work queue)
     await nc.flush()
-    procs = await _spawn(relays, nats_url, database_url, prefix, bookkeeping)
+    procs = await _spawn(relays, nats_url, database_url, prefix)
     spec = ProvisionSpec(bmc_ip="10.96.0.1", vendor="dell", hostname="n")
     queue: asyncio.Queue[str] = asyncio.Queue()
     for job in jobs:
@@ -245,26 +227,14 @@ async def main() -> None:
     ap.add_argument("--commands", type=int, default=1000)
     ap.add_argument("--relays", default="1,2")
     ap.add_argument("--writers", type=int, default=32, help="concurrent transactions committing the burst")
-    ap.add_argument(
-        "--bookkeeping",
-        choices=["per-command", "batch"],
-        default="per-command",
-        help="after-relay touch of the job row: per command (the gateway's wiring today) or one "
-        "statement per round (on_relayed_many, proposed)",
-    )
     args = ap.parse_args()
     admin_url = os.environ.get("KARIOS_PG_ADMIN_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres")
     nats_url = os.environ.get("KARIOS_NATS_URL", "nats://127.0.0.1:4222")
-    name = f"karios_bench_outbox_{uuid.uuid4().hex[:8]}"
-    admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as c:
-        await c.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.engine.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    try:
+    async with scratch_database(admin_url, "karios_bench_outbox") as (_, url):
         await asyncio.to_thread(upgrade, MIGRATIONS, url, "gateway")
         print(
             f"\noutbox relay: a burst of {args.commands} commands, commit → stored in JetStream "
-            f"(limit p99 < {LIMIT_S:.0f} s), bookkeeping {args.bookkeeping}; uptime: {_uptime()}"
+            f"(limit p99 < {LIMIT_S:.0f} s); uptime: {_uptime()}"
         )
         print(
             "| relays | commits | load (1 min) | burst committed in (s) | all in JetStream (s) "
@@ -278,12 +248,8 @@ async def main() -> None:
         scenarios = [(False, f"{n} × 1 ({args.writers} writers)"), (True, f"1 × {n} (one transaction)")]
         for relays in (int(x) for x in args.relays.split(",")):
             for one_commit, label in scenarios:
-                r = await one_run(nats_url, url, n, relays, args.writers, one_commit, args.bookkeeping)
+                r = await one_run(nats_url, url, n, relays, args.writers, one_commit)
                 _row(relays, label, r, n)
-    finally:
-        async with admin.connect() as c:
-            await c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        await admin.dispose()
 
 
 def _row(relays: int, label: str, r: dict, n: int) -> None:
@@ -298,6 +264,6 @@ def _row(relays: int, label: str, r: dict, n: int) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        asyncio.run(relay_child(*sys.argv[2:7]))
+        asyncio.run(relay_child(*sys.argv[2:6]))
     else:
         asyncio.run(main())

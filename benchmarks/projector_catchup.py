@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -37,6 +38,10 @@ from karios.common.contracts.provision import JobProgress
 from karios.common.db import Database
 from karios.common.db.migrate import upgrade
 from karios.common.settings import KariosSettings
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the repo root: benchmarks.launch
+from benchmarks.launch import cpu_seconds, scratch_database  # noqa: E402
 
 MIGRATIONS = Path(karios.api_gateway.__file__).parent / "migrations"
 STAGES = [("queued", "Queued", 0), ("building_media", "Building ISO", 10), ("mounting", "Mounting ISO", 30)]
@@ -63,86 +68,72 @@ def _backends(admin_pid_of: dict[int, psutil.Process], dbname: str) -> list[psut
     return list(admin_pid_of.values())
 
 
-def _cpu(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
-
-
 async def one_mode(admin_url: str, nats_url: str, events: int, batched: bool) -> dict:
-    dbname = f"karios_bench_proj_{uuid.uuid4().hex[:8]}"
-    admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as c:
-        await c.execute(sa.text(f'CREATE DATABASE "{dbname}"'))
-    url = sa.engine.make_url(admin_url).set(database=dbname).render_as_string(hide_password=False)
-    settings = KariosSettings(
-        dev_mode=True, nats_url=nats_url, database_url=url, bus_prefix=f"pbench{uuid.uuid4().hex[:8]}"
-    )
-    bus, db = Bus.from_settings(settings, "gw-bench"), Database(url)
-    try:
-        await asyncio.to_thread(upgrade, MIGRATIONS, url, "gateway")
-        await bus.start()
-        jobs = events // len(STAGES)
-        async with db.session() as s, s.begin():  # the rows the POSTs wrote
-            for j in range(jobs):
-                s.add(JobRow(id=f"job-{j}", bmc_ip=f"10.{j // 65536}.{j // 256 % 256}.{j % 256}"))
-        sends = []
-        for k, (state, stage, pct) in enumerate(STAGES):  # a storm's order: every job's stage k, then k+1
-            for j in range(jobs):
-                ev = JobProgress(
-                    job_id=f"job-{j}",
-                    bmc_ip="",
-                    job_type="provision",
-                    state=state,
-                    status="running",
-                    stage=stage,
-                    percent=pct,
-                    message=f"{stage} ({k})",
-                )
-                sends.append(bus.publish_event(ev, bus.subjects.evt("provision", f"job.{state}", ev.job_id)))
-                if len(sends) >= 500:
-                    await asyncio.gather(*sends)
-                    sends = []
-        await asyncio.gather(*sends)
-        seen: dict[int, psutil.Process] = {}
-        _backends(seen, dbname)
-        me = psutil.Process()
-        pg0, me0 = _cpu(_backends(seen, dbname)), _cpu([me])
-        projector = (ProvisionProjector if batched else OneByOne)(bus, db, reconcile_every=3600)
-        t0 = time.monotonic()
-        await projector.start()
-        count = sa.text("SELECT count(*) FROM gateway.provision_progresses")
-        engine = create_async_engine(url)
+    async with scratch_database(admin_url, "karios_bench_proj") as (dbname, url):
+        settings = KariosSettings(
+            dev_mode=True, nats_url=nats_url, database_url=url, bus_prefix=f"pbench{uuid.uuid4().hex[:8]}"
+        )
+        bus, db = Bus.from_settings(settings, "gw-bench"), Database(url)
         try:
-            while True:
-                await asyncio.sleep(0.2)
-                _backends(seen, dbname)
+            await asyncio.to_thread(upgrade, MIGRATIONS, url, "gateway")
+            await bus.start()
+            jobs = events // len(STAGES)
+            async with db.session() as s, s.begin():  # the rows the POSTs wrote
+                for j in range(jobs):
+                    s.add(JobRow(id=f"job-{j}", bmc_ip=f"10.{j // 65536}.{j // 256 % 256}.{j % 256}"))
+            sends = []
+            for k, (state, stage, pct) in enumerate(STAGES):  # a storm's order: every job's stage k, then k+1
+                for j in range(jobs):
+                    ev = JobProgress(
+                        job_id=f"job-{j}",
+                        bmc_ip="",
+                        job_type="provision",
+                        state=state,
+                        status="running",
+                        stage=stage,
+                        percent=pct,
+                        message=f"{stage} ({k})",
+                    )
+                    sends.append(
+                        bus.publish_event(ev, bus.subjects.evt("provision", f"job.{state}", ev.job_id))
+                    )
+                    if len(sends) >= 500:
+                        await asyncio.gather(*sends)
+                        sends = []
+            await asyncio.gather(*sends)
+            seen: dict[int, psutil.Process] = {}
+            _backends(seen, dbname)
+            me = psutil.Process()
+            pg0, me0 = cpu_seconds(_backends(seen, dbname)), cpu_seconds([me])
+            projector = (ProvisionProjector if batched else OneByOne)(bus, db, reconcile_every=3600)
+            t0 = time.monotonic()
+            await projector.start()
+            count = sa.text("SELECT count(*) FROM gateway.provision_progresses")
+            engine = create_async_engine(url)
+            try:
+                while True:
+                    await asyncio.sleep(0.2)
+                    _backends(seen, dbname)
+                    async with engine.connect() as c:
+                        done = (await c.execute(count)).scalar_one()
+                    if done >= jobs * len(STAGES):
+                        break
+                wall = time.monotonic() - t0
+                pg, mine = cpu_seconds(_backends(seen, dbname)) - pg0, cpu_seconds([me]) - me0
                 async with engine.connect() as c:
-                    done = (await c.execute(count)).scalar_one()
-                if done >= jobs * len(STAGES):
-                    break
-            wall = time.monotonic() - t0
-            pg, mine = _cpu(_backends(seen, dbname)) - pg0, _cpu([me]) - me0
-            async with engine.connect() as c:
-                shown = (
-                    await c.execute(sa.text("SELECT job_status, count(*) FROM gateway.jobs GROUP BY 1"))
-                ).all()
+                    shown = (
+                        await c.execute(sa.text("SELECT job_status, count(*) FROM gateway.jobs GROUP BY 1"))
+                    ).all()
+            finally:
+                await engine.dispose()
+                await projector.stop()
+            return {"wall": wall, "pg": pg, "me": mine, "n": jobs * len(STAGES), "shown": dict(shown)}
         finally:
-            await engine.dispose()
-            await projector.stop()
-        return {"wall": wall, "pg": pg, "me": mine, "n": jobs * len(STAGES), "shown": dict(shown)}
-    finally:
-        with contextlib.suppress(Exception):
-            for stream in (bus.subjects.cmd_stream, bus.subjects.evt_stream, bus.subjects.dlq_stream):
-                await bus.js.delete_stream(stream)
-        await bus.stop()
-        await db.close()
-        async with admin.connect() as c:
-            await c.execute(sa.text(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)'))
-        await admin.dispose()
+            with contextlib.suppress(Exception):
+                for stream in (bus.subjects.cmd_stream, bus.subjects.evt_stream, bus.subjects.dlq_stream):
+                    await bus.js.delete_stream(stream)
+            await bus.stop()
+            await db.close()
 
 
 async def main() -> None:
