@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import nats
@@ -198,8 +199,15 @@ async def test_an_answer_that_is_not_a_karios_reply_is_a_503_not_a_crash(setting
     await nc.subscribe(subject, cb=garbage)
     await nc.flush()
     try:
-        with pytest.raises(ServiceUnavailable) as err:
-            await bus.request(subject, NodeQuery(), timeout=2)
+        # The responder's interest is flushed to the server, yet one CI run (a loaded machine, the
+        # Debian nats-server 2.9.10) saw a "no responders" for it: the request is retried while
+        # the server says nobody listens (up to ~5 s), and what is asserted is the answer's handling.
+        for _ in range(25):
+            with pytest.raises(ServiceUnavailable) as err:
+                await bus.request(subject, NodeQuery(), timeout=2)
+            if not err.value.message.startswith("no service answers"):
+                break
+            await asyncio.sleep(0.2)
         assert "unreadable answer" in err.value.message and subject in err.value.message
         assert err.value.details == {"outcome": "unknown"}
     finally:
