@@ -50,8 +50,7 @@ def main() -> None:
     ap.add_argument("--until", type=int, default=0, help="stop when this pid exits")
     ap.add_argument("--interval", type=float, default=2.0)
     a = ap.parse_args()
-    seen: dict[int, tuple[str, float, float]] = {}  # pid -> (kind, first cpu, last cpu)
-    others: dict[str, float] = {}
+    seen: dict[int, tuple[str, str, float, float]] = {}  # pid -> (kind, name, first cpu, last cpu)
     t0, busy0, started = time.monotonic(), psutil.cpu_times(), time.time()
     try:
         while not a.until or psutil.pid_exists(a.until):
@@ -60,15 +59,13 @@ def main() -> None:
                     t = p.cpu_times()
                     cpu = t.user + t.system
                     if p.pid in seen:
-                        k, first, _ = seen[p.pid]
-                        seen[p.pid] = (k, first, cpu)
+                        k, name, first, _ = seen[p.pid]
+                        seen[p.pid] = (k, name, first, cpu)
                     else:
                         cmd = " ".join(p.info["cmdline"] or [p.info["name"] or ""])
                         # Started after us: all its CPU is the run's (a service's imports, say).
                         base = 0.0 if p.create_time() >= started else cpu
-                        seen[p.pid] = (kind_of(cmd), base, cpu)
-                        if kind_of(cmd) == "other":
-                            others.setdefault((p.info["name"] or "?")[:30], 0.0)
+                        seen[p.pid] = (kind_of(cmd), (p.info["name"] or "?")[:30], base, cpu)
             time.sleep(a.interval)
     except KeyboardInterrupt:
         pass
@@ -77,13 +74,11 @@ def main() -> None:
     idle = (end.idle + getattr(end, "iowait", 0)) - (busy0.idle + getattr(busy0, "iowait", 0))
     total = sum(end) - sum(busy0)
     by: dict[str, float] = {}
-    for pid, (k, first, last) in seen.items():
+    names: dict[str, dict[str, float]] = {}  # kind -> process name -> CPU s
+    for k, name, first, last in seen.values():
         by[k] = by.get(k, 0.0) + (last - first)
-        if k == "other":
-            with contextlib.suppress(psutil.Error):
-                others[psutil.Process(pid).name()[:30]] = others.get(psutil.Process(pid).name()[:30], 0.0) + (
-                    last - first
-                )
+        names.setdefault(k, {})
+        names[k][name] = names[k].get(name, 0.0) + (last - first)
     ncpu = psutil.cpu_count() or 1
     print(
         f"\nCPU of the run: {wall:.0f} s of wall time on {ncpu} CPUs, "
@@ -98,9 +93,11 @@ def main() -> None:
     print(f"| all sampled | {counted:.0f} | 100 % | {counted / ncpu:.0f} |")
     busy = total - idle
     print(f"| machine busy (sampled + short-lived processes + kernel) | {busy:.0f} | | {busy / ncpu:.0f} |")
-    top = sorted(((v, n) for n, v in others.items() if v > 1), reverse=True)[:8]
-    if top:
-        print("\nother, by name: " + ", ".join(f"{n} {v:.0f} s" for v, n in top))
+    print("\nby process name, in each kind (the top five, > 1 CPU s):")
+    for k in sorted(by, key=lambda kind: -by[kind]):
+        top = sorted(((c, n) for n, c in names[k].items() if c > 1), reverse=True)[:5]
+        if top:
+            print(f"- {k}: " + ", ".join(f"{n} {c:.0f} s" for c, n in top))
 
 
 if __name__ == "__main__":
