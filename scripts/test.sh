@@ -40,8 +40,9 @@ if [ -x tests/lab/aptproxy.sh ] && [ "$(id -u)" = 0 ] && command -v apt-cacher-n
   fi
 fi
 phase "installer proxy up"
-# NetBox comes up in the background while the tests start (minutes on a fresh machine: its
-# database is migrated once, then restored from a cache keyed by NetBox and PostgreSQL versions).
+# NetBox comes up in the background while the tests start (minutes on a fresh machine: its venv is
+# installed, its database restored from the committed seed, then cached by NetBox and PostgreSQL
+# versions).
 # The NetBox tests run `netbox.sh up` themselves, which waits on the lab's lock for this one.
 if [ -x tests/lab/netbox.sh ] && [ -z "${KARIOS_SKIP_NETBOX:-}" ]; then
   (
