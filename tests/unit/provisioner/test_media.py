@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from karios.bootapi.validate import debconf_checkonly
 from karios.common.errors import ValidationFailed
 from karios.provisioner.install import HostContext, Medium
 from karios.provisioner.install.preseed import PreseedMethod
@@ -78,8 +79,8 @@ def test_iso_is_hybrid_bios_uefi_with_preseed_in_the_slot(builder, tmp_path):
     assert extract(iso, "/install.amd/initrd.gz", tmp_path / "initrd.gz") == medium.initrd.read_bytes()
     pre = tmp_path / "preseed.cfg"
     pre.write_bytes(inside["preseed.cfg"])
-    res = subprocess.run(["debconf-set-selections", "--checkonly", str(pre)], capture_output=True, text=True)
-    assert res.returncode == 0 and "warning" not in res.stderr.lower()
+    rc, out = debconf_checkonly(pre)
+    assert rc == 0 and "warning" not in out.lower(), out
 
 
 def test_both_boot_loaders_load_the_slot_as_a_second_initrd(builder, tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from karios.bootapi.validate import debconf_checkonly
 from karios.common.contracts.provision import ProvisionSpec, check_pool
 from karios.common.errors import ValidationFailed
 from karios.common.provisioning import validate_provision
@@ -80,9 +81,9 @@ def test_rendered_files_match_golden(name):
 def test_preseed_passes_debconf_checkonly_without_warnings(name, tmp_path):
     f = tmp_path / "preseed.cfg"
     f.write_text(render_media_files(CASES[name])["preseed.cfg"])
-    res = subprocess.run(["debconf-set-selections", "--checkonly", str(f)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    assert "warning" not in (res.stdout + res.stderr).lower(), res.stderr
+    rc, out = debconf_checkonly(f)
+    assert rc == 0, out
+    assert "warning" not in out.lower(), out
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -105,13 +106,25 @@ def check_kickstart(text: str, workdir: Path) -> list[str]:
     return problems
 
 
+def debconf_checkonly(preseed: Path, tool: str = "debconf-set-selections") -> tuple[int, str]:
+    """``debconf-set-selections --checkonly`` on a private, empty debconf database: on the
+    machine's own it takes the database's lock, and while anything else holds it (apt, dpkg,
+    another check at the same moment) it exits 1 and prints nothing — a valid preseed refused
+    with no reason. The check reads only the file; the database is never consulted."""
+    with tempfile.TemporaryDirectory(prefix="karios-debconf-") as d:
+        env = {**os.environ, "DEBCONF_DB_REPLACE": f"File{{{d}/config.dat}}"}
+        cmd = [tool, "--checkonly", str(preseed)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, env=env)
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
 def check_preseed(text: str, workdir: Path) -> list[str]:
     tool = _tool("debconf-set-selections")
     if tool is None:
         return ["debconf-set-selections not found (apt-get install debconf)"]
     f = workdir / "preseed.cfg"
     f.write_text(text)
-    rc, out = _run([tool, "--checkonly", str(f)])
+    rc, out = debconf_checkonly(f, tool)
     if rc != 0 or "warning" in out.lower():
         return [f"debconf-set-selections --checkonly (exit {rc}): {out or 'no output'}"]
     return []
