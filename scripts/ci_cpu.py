@@ -58,14 +58,16 @@ def main() -> None:
                 with contextlib.suppress(psutil.Error):
                     t = p.cpu_times()
                     cpu = t.user + t.system
+                    # Kind and name as last seen: a process forked by a pytest worker or a shell
+                    # and then exec'ing qemu counts as qemu (first seen, it was python or bash).
+                    cmd = " ".join(p.info["cmdline"] or [p.info["name"] or ""])
+                    kind, name = kind_of(cmd), (p.info["name"] or "?")[:30]
                     if p.pid in seen:
-                        k, name, first, _ = seen[p.pid]
-                        seen[p.pid] = (k, name, first, cpu)
+                        seen[p.pid] = (kind, name, seen[p.pid][2], cpu)
                     else:
-                        cmd = " ".join(p.info["cmdline"] or [p.info["name"] or ""])
                         # Started after us: all its CPU is the run's (a service's imports, say).
                         base = 0.0 if p.create_time() >= started else cpu
-                        seen[p.pid] = (kind_of(cmd), (p.info["name"] or "?")[:30], base, cpu)
+                        seen[p.pid] = (kind, name, base, cpu)
             time.sleep(a.interval)
     except KeyboardInterrupt:
         pass
