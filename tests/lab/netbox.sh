@@ -255,6 +255,10 @@ gen_secret() {  # $1 alphanumeric characters
 print("".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(int(sys.argv[1]))))' "$1"
 }
 
+write_secrets() {  # $1 = secrets.env to write: this machine's SECRET_KEY and token pepper
+    printf "SECRET_KEY='%s'\nAPI_TOKEN_PEPPER='%s'\n" "$(gen_secret 64)" "$(gen_secret 64)" >"$1"
+}
+
 write_config() {  # $1 = secrets.env
     # shellcheck disable=SC1090
     . "$1"
@@ -313,7 +317,7 @@ cmd_seed() {
     ensure_venv
     local tmp secrets
     tmp=$(mktemp -d); secrets=$tmp/secrets.env
-    printf "SECRET_KEY='%s'\nAPI_TOKEN_PEPPER='%s'\n" "$(gen_secret 64)" "$(gen_secret 64)" >"$secrets"
+    write_secrets "$secrets"
     DB_NAME=karios_netbox_seed NETBOX_ROOT=$tmp/root
     write_config "$secrets"
     dropdb -w --if-exists --force "$DB_NAME"
@@ -333,7 +337,7 @@ cmd_seed() {
 build_db_cache() {  # $1 = final cache dir (db-pgNN)
     local dst=$1 tmp=$1.tmp
     rm -rf "$tmp"; mkdir -p "$tmp"
-    printf "SECRET_KEY='%s'\nAPI_TOKEN_PEPPER='%s'\n" "$(gen_secret 64)" "$(gen_secret 64)" >"$tmp/secrets.env"
+    write_secrets "$tmp/secrets.env"
     write_config "$tmp/secrets.env"
     dropdb -w --if-exists --force "$DB_NAME"
     createdb -w "$DB_NAME"

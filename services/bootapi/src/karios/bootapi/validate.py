@@ -62,8 +62,8 @@ def _tool(name: str) -> str | None:
     return str(local) if local.exists() else shutil.which(name)
 
 
-def _run(cmd: list[str], timeout: float = 60) -> tuple[int, str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+def _run(cmd: list[str], timeout: float = 60, env: dict[str, str] | None = None) -> tuple[int, str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 
@@ -113,9 +113,7 @@ def debconf_checkonly(preseed: Path, tool: str = "debconf-set-selections") -> tu
     with no reason. The check reads only the file; the database is never consulted."""
     with tempfile.TemporaryDirectory(prefix="karios-debconf-") as d:
         env = {**os.environ, "DEBCONF_DB_REPLACE": f"File{{{d}/config.dat}}"}
-        cmd = [tool, "--checkonly", str(preseed)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, env=env)
-    return proc.returncode, (proc.stdout + proc.stderr).strip()
+        return _run([tool, "--checkonly", str(preseed)], env=env)
 
 
 def check_preseed(text: str, workdir: Path) -> list[str]:
