@@ -97,6 +97,16 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
                 state = (await conn.run("timeout 120 systemctl is-system-running --wait", check=False)).stdout
                 efi = (await conn.run("findmnt -no FSTYPE /boot/efi", check=False)).stdout.strip()
                 cmdline = (await conn.run("cat /proc/cmdline", check=True)).stdout
+                # No ZFS pool: the image's ZFS units are off — no module loaded, no udev settle
+                # (systemctl as root: the image has no D-Bus for a user's systemctl).
+                zfs_look = await conn.run(
+                    f"printf '%s\\n' {password} | sudo -S -p '' sh -c '"
+                    "systemctl is-enabled zfs-load-module.service zfs-import-cache.service zfs.target;"
+                    " systemctl is-active systemd-udev-settle.service;"
+                    " test -d /sys/module/zfs && echo zfs-loaded'",
+                    check=False,
+                )
+                zfs = f"{zfs_look.stdout}{zfs_look.stderr}"
             block = vm.monitor("info block")  # the harness's monitor socket answers
         finally:
             vm.stop()
@@ -108,6 +118,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
         assert efi == "vfat", state  # the first disk's EFI system partition
         assert "console=ttyS0,115200n8" in cmdline and "root=UUID=" in cmdline, cmdline
         assert "vda.img" in block and "vdb.img" in block, block
+        assert zfs.split() == ["disabled", "disabled", "disabled", "inactive"], zfs
 
         # The first boot registered the node at the address the installer reported.
         r = await c.get(f"/controlnode/nodes/{GUEST_IP}", headers=ADMIN)

@@ -48,6 +48,10 @@ async def _facts(port: int, key: asyncssh.SSHKey, password: str) -> dict[str, st
             "mdstat": await run("cat /proc/mdstat"),
             "cmdline": await run("cat /proc/cmdline"),
             "firmware": await run("test -d /sys/firmware/efi && echo uefi || echo bios"),
+            # a ZFS root keeps the image's ZFS units (an md or single-disk root turns them off)
+            "zfs_units": await run(
+                sudo + "systemctl is-enabled zfs-load-module.service zfs-import-cache.service zfs.target"
+            ),
         }
 
 
@@ -110,6 +114,7 @@ async def test_raidz1_root_on_zfs_boots_bios_and_uefi(
             again.stop()
     for facts, firmware in ((bios, "bios"), (uefi, "uefi")):
         assert facts["firmware"] == firmware
+        assert facts["zfs_units"].split() == ["enabled"] * 3, facts["zfs_units"]
         assert facts["health"] == "ONLINE", facts["zpool"]
         zpool = facts["zpool"]
         assert "raidz1-0" in zpool and all(f"/dev/{d}4" in zpool for d in DISKS), zpool
