@@ -93,14 +93,19 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
                 root = (await conn.run("findmnt -no SOURCE /", check=True)).stdout.strip()
                 # The ESP is mounted `nofail` (a mirror boots without its first disk), so systemd does
                 # not order it before the login prompt: on a loaded host sshd answers first. Wait for
-                # the boot's start-up jobs to finish ("running" or "degraded"), then look.
-                state = (await conn.run("timeout 120 systemctl is-system-running --wait", check=False)).stdout
+                # the boot's start-up jobs to finish ("running" or "degraded"), then look. As root:
+                # the image has no D-Bus, so a user's systemctl cannot ask systemd and the wait
+                # returned at once (unseen while udev-settle held the login prompt back).
+                sudo = f"printf '%s\\n' {password} | sudo -S -p '' "
+                waited = await conn.run(sudo + "timeout 300 systemctl is-system-running --wait", check=False)
+                state = f"{waited.stdout}{waited.stderr}".strip()
+                assert state in ("running", "degraded"), state
                 efi = (await conn.run("findmnt -no FSTYPE /boot/efi", check=False)).stdout.strip()
                 cmdline = (await conn.run("cat /proc/cmdline", check=True)).stdout
                 # No ZFS pool: the image's ZFS units are off — no module loaded, no udev settle
                 # (systemctl as root: the image has no D-Bus for a user's systemctl).
                 zfs_look = await conn.run(
-                    f"printf '%s\\n' {password} | sudo -S -p '' sh -c '"
+                    sudo + "sh -c '"
                     "systemctl is-enabled zfs-load-module.service zfs-import-cache.service zfs.target;"
                     " systemctl is-active systemd-udev-settle.service;"
                     " test -d /sys/module/zfs && echo zfs-loaded'",
