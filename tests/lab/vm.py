@@ -20,6 +20,7 @@ image).
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -171,6 +172,13 @@ def make_disk(path: Path, size: int) -> Path:
     with open(path, "wb") as f:
         f.truncate(size)
     return path
+
+
+def as_root(password: str) -> str:
+    """A prefix running a command over SSH as root on an installed system (sudo reads the
+    operator's password from stdin): a pool's status, a wait on systemd that must not hang on the
+    operator's D-Bus (an image without it: the user's ``systemctl`` returned at once, silent)."""
+    return f"printf '%s\\n' {shlex.quote(password)} | sudo -S -p '' "
 
 
 def write_marker(path: Path, text: str, where: str = "first") -> None:

@@ -27,7 +27,7 @@ from tests.fixtures.apps import ADMIN
 from tests.fixtures.installs import InstallStack
 from tests.fixtures.provision import fetch_medium, wait_bmc_clean, wait_job
 from tests.fixtures.sse import open_sse
-from tests.lab.vm import GUEST_IP, VM, Disk, free_port
+from tests.lab.vm import GUEST_IP, VM, Disk, as_root, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.timeout(2400), pytest.mark.vm]
 
@@ -86,6 +86,8 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
             ) as conn:
                 authorized = (await conn.run("cat ~/.ssh/authorized_keys", check=True)).stdout
                 hostname = (await conn.run("hostname", check=True)).stdout.strip()
+                # systemd's tools answer the operator (the image carries D-Bus)
+                hostnamectl = (await conn.run("hostnamectl hostname", check=False)).stdout.strip()
                 release = (
                     await conn.run(". /etc/os-release; echo $VERSION_ID $VERSION_CODENAME", check=True)
                 ).stdout
@@ -97,7 +99,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
                 # the image has no D-Bus, so a user's systemctl cannot ask systemd and the wait
                 # returned at once (unseen while udev-settle, which zfs-load-module requires,
                 # held the login prompt back until the devices were there).
-                sudo = f"printf '%s\\n' {password} | sudo -S -p '' "
+                sudo = as_root(password)
                 waited = await conn.run(sudo + "timeout 300 systemctl is-system-running --wait", check=False)
                 state = f"{waited.stdout}{waited.stderr}".strip()
                 assert state in ("running", "degraded"), state
@@ -107,6 +109,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
         finally:
             vm.stop()
         assert hostname == "karios-img-1"
+        assert hostnamectl == "karios-img-1", hostnamectl
         assert release.split() == ["13", "trixie"], release
         assert public in authorized
         assert "raid1" in mdstat and "vda3" in mdstat and "vdb3" in mdstat, mdstat

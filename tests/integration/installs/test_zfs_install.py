@@ -24,7 +24,7 @@ import pytest
 from tests.fixtures.apps import ADMIN
 from tests.fixtures.installs import INSTALL_BMC, start_install_stack
 from tests.fixtures.provision import fetch_medium, wait_job, write_inventory
-from tests.lab.vm import GUEST_IP, VM, Disk, free_port
+from tests.lab.vm import GUEST_IP, VM, Disk, as_root, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.lab, pytest.mark.timeout(2400), pytest.mark.vm]
 
@@ -39,7 +39,7 @@ async def _facts(port: int, key: asyncssh.SSHKey, password: str) -> dict[str, st
         async def run(cmd: str) -> str:
             return (await conn.run(cmd, check=True)).stdout.strip()
 
-        sudo = f"printf '%s\\n' {password} | sudo -S -p '' "
+        sudo = as_root(password)
         return {
             "zpool": await run(sudo + "zpool status -P rpool"),
             "health": await run(sudo + "zpool list -H -o health rpool"),

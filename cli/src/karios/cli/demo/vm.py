@@ -14,7 +14,6 @@ checks of this machine and the image cache are the edge.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import shutil
 import time
@@ -33,8 +32,6 @@ SUITE = "bookworm"  # `karios provision`'s default --os 12
 DISK_NAME = "vda"  # the guest's virtio disk, as the demo inventory lists it
 DISK_GB = 8  # sparse: the image install writes about 1 GiB of it
 VM_TOOLS = ("qemu-system-x86_64", "socat")  # socat: qemu's guestfwd runs it per connection
-#: What shapes the live images (the same inputs the lab's cache key hashes): a change builds anew.
-IMAGE_INPUTS = ("__init__.py", "templates/init.j2")
 
 
 @dataclass(frozen=True)
@@ -139,19 +136,11 @@ def vm_unavailable() -> str | None:
     return None
 
 
-def image_cache_key(live_package_dir: Path, suite: str = SUITE) -> str:
-    """The images' cache key: a hash of the suite and of what shapes the live images."""
-    h = hashlib.sha256(suite.encode())
-    for name in IMAGE_INPUTS:
-        h.update(name.encode() + b"\0" + (live_package_dir / name).read_bytes())
-    return h.hexdigest()[:16]
-
-
 def default_images_dir(cache: Path) -> Path:
     """Where the demo keeps the image install's artifacts: ``<cache>/images/<key>`` (built once)."""
     from karios.provisioner.install import live
 
-    return cache / "images" / image_cache_key(Path(live.__file__).parent)
+    return cache / "images" / live.inputs_key(live.IMAGE_INPUTS, SUITE)  # the lab's key too
 
 
 def ensure_images(images: Any, say: Callable[[str], None]) -> float | None:

@@ -8,10 +8,9 @@ installer's udebs:
 - ``vmlinuz`` + ``live.img``: a small initramfs (busybox, partitioning and RAID tools, the
   dependency closure of common disk/NIC drivers) whose ``/init`` brings the network up and
   runs the per-host script appended to it (``/karios/run.sh``);
-- ``zfs-modules.deb``: OpenZFS's kernel modules (``zfs-dkms`` from the archive's ``contrib``
-  component) built once for the suite's kernel, natively, in a throwaway chroot with the
-  kernel headers and a compiler, packaged as ``zfs-modules`` (what ``zfs-initramfs`` depends
-  on, else zfs-dkms and a compiler); both images install it like any package.
+- ``zfs-modules.deb``: OpenZFS's kernel modules built once for the suite's kernel (``zfs.py``);
+  both images install it like any package, and a build whose trees got another kernel than the
+  modules were built for builds the modules and the trees again.
 
 Everything lands in ``<images_dir>/<suite>/`` atomically: each artifact is built in a temp dir
 beside it and renamed into place, so a reader sees a complete file or none, and a crashed
@@ -20,6 +19,7 @@ build leaves only a temp dir behind.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,20 +36,20 @@ from typing import Any
 from jinja2 import Environment
 
 from karios.common.errors import PermanentFailure
+from karios.provisioner.install.live import zfs
 from karios.provisioner.templating import package_templates
 
 # zfsutils-linux and zfs-initramfs (contrib): a root on ZFS is imported by the initramfs the
-# image was built with (its zfs hook and the prebuilt modules).
+# image was built with (its zfs hook and the prebuilt modules). dbus: systemd's tools answer the
+# operator as on a Debian the installer makes (a user's systemctl, hostnamectl, timedatectl and
+# localectl go through D-Bus: without it the first prints nothing, the others fail even as root).
 ROOT_PACKAGES = (
-    "linux-image-amd64,systemd-sysv,udev,grub-pc-bin,grub-efi-amd64-bin,grub2-common,mdadm,"
+    "linux-image-amd64,systemd-sysv,udev,dbus,grub-pc-bin,grub-efi-amd64-bin,grub2-common,mdadm,"
     "openssh-server,ifupdown,isc-dhcp-client,e2fsprogs,dosfstools,iproute2,ca-certificates,curl,"
     "wget,kmod,zstd,sudo,locales,initramfs-tools,zfsutils-linux,zfs-initramfs"
 )
 # The archive components image builds use: OpenZFS is in contrib (its licence), the rest in main.
 COMPONENTS = "main,contrib"
-# What builds the ZFS modules: the suite's kernel headers, DKMS and zfs-dkms (its postinst
-# builds the modules for every installed kernel's headers).
-ZFS_BUILD_PACKAGES = "linux-headers-amd64,dkms,zfs-dkms"
 MMDEBSTRAP_HOOKS = "/usr/share/mmdebstrap/hooks"
 # tiny-initramfs satisfies the kernel's initramfs-tool dependency without initramfs-tools
 # building an initrd the live tree never uses (a minute of the build).
@@ -84,6 +85,20 @@ LIVE_PRUNE = (
 )
 
 _ENV = package_templates("karios.provisioner.install.live")
+
+#: What shapes the compiled ZFS modules, and the images around them (files of this package): a
+#: cache keyed by :func:`inputs_key` of them builds anew when one changes. The per-host scripts
+#: (callbacks.sh.j2, …) go into each job's overlay instead.
+ZFS_INPUTS = ("zfs.py", "templates/zfs-modules.control.j2", "templates/zfs-modules.postinst.j2")
+IMAGE_INPUTS = ("__init__.py", "templates/init.j2", *ZFS_INPUTS)
+
+
+def inputs_key(names: tuple[str, ...], suite: str) -> str:
+    """A cache key for what ``names`` (:data:`IMAGE_INPUTS`, :data:`ZFS_INPUTS`) build for ``suite``."""
+    h = hashlib.sha256(suite.encode())
+    for name in names:
+        h.update(name.encode() + b"\0" + (Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()[:16]
 
 
 def render_init(modules: list[str]) -> str:
@@ -205,6 +220,20 @@ class LiveImages:
             raise PermanentFailure(f"image build tools missing: {', '.join(missing)}")
         out = self.images_dir / suite
         out.mkdir(parents=True, exist_ok=True)
+        try:
+            times = self._build_missing(suite, out, with_root)
+        except StaleZfsModules:  # the archive's kernel moved on since the modules were built
+            a = self.artifacts(suite)
+            for p in (a.zfs_modules, a.root_archive, a.kernel, a.initrd):
+                p.unlink(missing_ok=True)
+            times = self._build_missing(suite, out, with_root)
+        if times:  # the last build's seconds per artifact (kept for those not rebuilt)
+            record = out / "build-times.json"
+            known = json.loads(record.read_text()) if record.exists() else {}
+            record.write_text(json.dumps({**known, **times}) + "\n")
+        return times
+
+    def _build_missing(self, suite: str, out: Path, with_root: bool) -> dict[str, float]:
         times: dict[str, float] = {}
         a = self.artifacts(suite)
         todo = (with_root and not a.root_archive.exists()) or not (a.kernel.exists() and a.initrd.exists())
@@ -220,11 +249,14 @@ class LiveImages:
             t = time.perf_counter()
             self._build_live(suite, out)
             times["live"] = round(time.perf_counter() - t, 1)
-        if times:  # the last build's seconds per artifact (kept for those not rebuilt)
-            record = out / "build-times.json"
-            known = json.loads(record.read_text()) if record.exists() else {}
-            record.write_text(json.dumps({**known, **times}) + "\n")
         return times
+
+    def _check_kernels(self, suite: str, out: Path, kernels: list[str]) -> None:
+        """Raise :class:`StaleZfsModules` unless ``kernels`` (what a tree got) are exactly the one
+        the suite's ZFS modules were built for."""
+        built_for = zfs.deb_kernel(out / "zfs-modules.deb")
+        if kernels != [built_for]:
+            raise StaleZfsModules(f"{suite}: ZFS modules for Linux {built_for}, the image got {kernels}")
 
     def _mmdebstrap(self, suite: str, include: str, target: str, cwd: Path, *extra: str) -> None:
         argv = ["mmdebstrap", "--variant=minbase", f"--components={COMPONENTS}", f"--include={include}"]
@@ -240,18 +272,11 @@ class LiveImages:
         """``zfs-modules.deb``: the modules zfs-dkms built for the suite's kernel, packaged."""
         with tempfile.TemporaryDirectory(prefix=".zfs-", dir=out) as tmp:
             built = Path(tmp) / "built"
-            q = shlex.quote(str(built))
-            hook = (
-                f'cd "$1/usr/lib/modules" && ls */updates/dkms/zfs.ko* >/dev/null '
-                f"&& cp -a --parents */updates/dkms {q}/ "
-                f"&& chroot \"$1\" dpkg-query -W -f='${{Version}}' zfs-dkms > {q}.version"
-            )
             built.mkdir()
-            self._mmdebstrap(
-                suite, ZFS_BUILD_PACKAGES, str(Path(tmp) / "tree"), Path(tmp), f"--customize-hook={hook}"
-            )
+            tree, hook = str(Path(tmp) / "tree"), f"--customize-hook={zfs.copy_out_hook(built)}"
+            self._mmdebstrap(suite, zfs.ZFS_BUILD_PACKAGES, tree, Path(tmp), hook)
             deb = Path(tmp) / "zfs-modules.deb"
-            zfs_modules_deb(built, deb, Path(f"{built}.version").read_text().strip())
+            zfs.zfs_modules_deb(built, deb, Path(f"{built}.version").read_text().strip())
             os.replace(deb, out / "zfs-modules.deb")
 
     def _zfs_include(self, out: Path) -> str:
@@ -261,9 +286,11 @@ class LiveImages:
 
     def _build_root(self, suite: str, out: Path) -> None:
         with tempfile.TemporaryDirectory(prefix=".root-", dir=out) as tmp:
-            tar = Path(tmp) / "root.tar"
+            tar, kernels = Path(tmp) / "root.tar", Path(tmp) / "kernels"
             include = f"{ROOT_PACKAGES},{self._zfs_include(out)}"
-            self._mmdebstrap(suite, include, str(tar), Path(tmp))
+            hook = f'--customize-hook=ls "$1/boot" > {shlex.quote(str(kernels))}'
+            self._mmdebstrap(suite, include, str(tar), Path(tmp), hook)
+            self._check_kernels(suite, out, boot_kernels(kernels.read_text().split()))
             _run(["zstd", "-q", "-3", "-T0", "--rm", str(tar), "-o", str(tar) + ".zst"], timeout=600)
             os.replace(str(tar) + ".zst", out / "root.tar.zst")
 
@@ -273,11 +300,12 @@ class LiveImages:
             excludes = [f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("doc", "man", "locale", "info")]
             include = f"{LIVE_PACKAGES},{self._zfs_include(out)}"
             self._mmdebstrap(suite, include, str(tree), Path(tmp), *excludes)
-            kernels = sorted((tree / "boot").glob("vmlinuz-*"))
+            kernels = boot_kernels(p.name for p in (tree / "boot").iterdir())
             if not kernels:
                 raise PermanentFailure(f"live environment for {suite}: no kernel in the package set")
-            kver = kernels[-1].name.removeprefix("vmlinuz-")
-            shutil.copyfile(kernels[-1], Path(tmp) / "vmlinuz")
+            self._check_kernels(suite, out, kernels)
+            kver = kernels[-1]
+            shutil.copyfile(tree / "boot" / f"vmlinuz-{kver}", Path(tmp) / "vmlinuz")
             kept = keep_modules(tree / "usr/lib/modules" / kver, LIVE_MODULES)
             _run(["chroot", str(tree), "depmod", "-a", kver])  # the tree's own kmod
             for pattern in LIVE_PRUNE:
@@ -295,22 +323,13 @@ class LiveImages:
             os.replace(img, out / "live.img")
 
 
-def zfs_modules_deb(built: Path, deb: Path, version: str) -> None:
-    """Package ``built/<kver>/updates/dkms/*.ko`` (what zfs-dkms ``version`` built) as ``deb``."""
-    kvers = sorted(p.name for p in built.iterdir())
-    if len(kvers) != 1:
-        raise PermanentFailure(f"zfs-dkms built modules for {kvers or 'no kernel'}, expected one kernel")
-    kver = kvers[0]
-    pkg = deb.parent / "pkg"
-    (pkg / "DEBIAN").mkdir(parents=True)
-    shutil.copytree(built / kver, pkg / "usr/lib/modules" / kver)
-    (pkg / "DEBIAN/control").write_text(
-        _ENV.get_template("zfs-modules.control.j2").render(kver=kver, version=version)
-    )
-    post = pkg / "DEBIAN/postinst"
-    post.write_text(_ENV.get_template("zfs-modules.postinst.j2").render(kver=kver))
-    post.chmod(0o755)
-    _run(["dpkg-deb", "--root-owner-group", "-Zzstd", "--build", str(pkg), str(deb)], timeout=300)
+class StaleZfsModules(PermanentFailure):
+    """An image tree got another kernel than the suite's ZFS modules were built for."""
+
+
+def boot_kernels(names: Iterable[str]) -> list[str]:
+    """The kernel releases of a tree's ``/boot`` listing (``vmlinuz-<release>``), sorted (pure)."""
+    return sorted(n.removeprefix("vmlinuz-") for n in names if n.startswith("vmlinuz-"))
 
 
 def keep_modules(moddir: Path, wanted: list[str]) -> list[str]:
