@@ -58,7 +58,8 @@ fi
 
 # The image method's images (live environment, root archives and the OpenZFS modules of both Debian
 # releases): built once and cached by content (tests/lab/images.sh) — ~10 minutes on a fresh
-# machine (zfs-dkms compiles once per release), an instant when cached. Built here, before the
+# machine (zfs-dkms compiles once per release), ~3 when only the trees changed (the compiled
+# modules have a cache of their own), an instant when cached. Built here, before the
 # tests: in the first VM test's fixture the build would count against that test's timeout.
 if [ -x tests/lab/images.sh ] && [ "$(id -u)" = 0 ] && command -v mmdebstrap >/dev/null; then
   if ! tests/lab/images.sh >/tmp/karios-images.log 2>&1; then

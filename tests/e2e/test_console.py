@@ -163,6 +163,21 @@ def css(driver, selector: str):
     return driver.find_elements(By.CSS_SELECTOR, selector)
 
 
+def click(driver, selector: str, timeout: float = 10) -> None:
+    """Click the first match of ``selector``. A live region may swap it between the find and the
+    click (an event changed what the region shows): find it again, as a user's next click would."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            css(driver, selector)[0].click()
+            return
+        except StaleElementReferenceException:
+            if time.monotonic() > deadline:
+                raise
+
+
 def attrs(driver, selector: str, attr: str) -> list[str]:
     """``attr`` of every match, read in one script (live regions are swapped under the test)."""
     return driver.execute_script(
@@ -182,7 +197,7 @@ def texts(driver, selector: str) -> list[str]:
 def login(driver, up: KariosUp, token: str) -> None:
     driver.get(up.url() + "/console/login")
     css(driver, "#token")[0].send_keys(token)
-    css(driver, "#login")[0].click()
+    click(driver, "#login")
     wait_until_sync(lambda: driver.current_url.endswith("/console/jobs"), timeout=30, what="the jobs page")
 
 
@@ -203,7 +218,7 @@ def installer_step(up: KariosUp, job_id: str, **report) -> None:
 
 
 def logout(driver) -> None:
-    css(driver, "#logout")[0].click()
+    click(driver, "#logout")
     wait_until_sync(lambda: driver.current_url.endswith("/console/login"), timeout=30, what="the login page")
 
 
@@ -215,7 +230,7 @@ def provision_from_console(driver, bmc: str, hostname: str) -> str:
     css(driver, "#prov-bmc")[0].send_keys(bmc)
     Select(css(driver, "#prov-vendor")[0]).select_by_visible_text("generic")
     css(driver, "#prov-hostname")[0].send_keys(hostname)
-    css(driver, "#provision")[0].click()
+    click(driver, "#provision")
     wait_until_sync(lambda: "/console/jobs/" in driver.current_url, timeout=30, what=f"the job page of {bmc}")
     return driver.current_url.rsplit("/", 1)[1]
 
@@ -229,7 +244,7 @@ def test_login_provision_to_booting_and_cancel(system: KariosUp, browser) -> Non
     d.get(system.url() + "/console/jobs")
     assert logged_out(d)  # no cookie: the login page
     css(d, "#token")[0].send_keys("kt_not-a-token")
-    css(d, "#login")[0].click()
+    click(d, "#login")
     wait_until_sync(lambda: css(d, "#login-error"), timeout=20, what="the login error")
     assert "rejected" in css(d, "#login-error")[0].text
     shot(d, "01-login")
@@ -270,7 +285,13 @@ def test_login_provision_to_booting_and_cancel(system: KariosUp, browser) -> Non
     other = provision_from_console(d, BMCS[1], "console-b")
     assert other != job_id
     wait_until_sync(lambda: css(d, "#cancel-job"), timeout=30, what="the cancel button")
-    css(d, "#cancel-job")[0].click()
+    # A keyboard user on Cancel keeps the focus through the live region's refreshes (the 5 s
+    # backstop re-fetches it; a refresh that changes nothing leaves the DOM, one that does
+    # focuses the same control again).
+    d.execute_script("document.querySelector('#cancel-job').focus()")
+    time.sleep(6)
+    assert d.execute_script("return document.activeElement && document.activeElement.id") == "cancel-job"
+    click(d, "#cancel-job")
     wait_until_sync(
         lambda: job_state(d) == "cancelled", timeout=90, interval=0.5, what="the job to be cancelled"
     )
@@ -326,7 +347,7 @@ def test_job_page_facts_retry_and_progress_told_to_screen_readers(system: Karios
     assert attrs(d, "#announce", "aria-live") == ["polite"] and attrs(d, "#flash", "aria-live") == ["polite"]
     shot(d, "15-job-facts-retry")
 
-    css(d, "#retry-job")[0].click()
+    click(d, "#retry-job")
     wait_until_sync(lambda: not d.current_url.endswith(cancelled), timeout=30, what="the retried job's page")
     retried = d.current_url.rsplit("/", 1)[1]
     wait_until_sync(lambda: texts(d, "#job-hostname") == ["console-b"], timeout=30, what="the new job's page")
@@ -360,14 +381,14 @@ def test_servers_view_search_filter_and_paged_history(system: KariosUp, browser)
     shot(d, "17-servers")
 
     css(d, "#srv-q")[0].send_keys(BMCS[1])
-    css(d, "#srv-filter")[0].click()
+    click(d, "#srv-filter")
     wait_until_sync(lambda: "q=" in d.current_url, timeout=30, what="the search")
     assert attrs(d, "#servers-table tr[data-bmc]", "data-bmc") == [BMCS[1]]
     from selenium.webdriver.support.ui import Select
 
     d.get(system.url() + "/console/servers")
     Select(css(d, "#srv-state")[0]).select_by_value("running")
-    css(d, "#srv-filter")[0].click()
+    click(d, "#srv-filter")
     wait_until_sync(lambda: "state=running" in d.current_url, timeout=30, what="the filter")
     assert attrs(d, "#servers-table tr[data-bmc]", "data-bmc") == [BMCS[0]]
 
@@ -388,7 +409,7 @@ def test_servers_view_search_filter_and_paged_history(system: KariosUp, browser)
     shot(d, "18-jobs-last-page")
     d.get(system.url() + "/console/jobs")
     Select(css(d, "#jobs-status")[0]).select_by_visible_text("cancelled")
-    css(d, "#jobs-filter-go")[0].click()
+    click(d, "#jobs-filter-go")
     wait_until_sync(lambda: "status=cancelled" in d.current_url, timeout=30, what="the status filter")
     assert set(attrs(d, "#jobs-table td.state", "data-state")) == {"cancelled"}
 
@@ -419,11 +440,11 @@ def test_discovered_server_adopted_from_the_console(system: KariosUp, browser) -
     row = f'#discovered-table tr[data-id="{found}"]'
     assert "QEMU Standard PC" in texts(d, row)[0] and "CONSOLE-DISC-1" in texts(d, row)[0]
     css(d, f"{row} .adopt-hostname")[0].send_keys("Not_A_Host!")
-    css(d, f"{row} button.adopt")[0].click()
+    click(d, f"{row} button.adopt")
     wait_until_sync(lambda: texts(d, f'{row} [data-error-for="hostname"]')[0], timeout=30, what="the 422")
     css(d, f"{row} .adopt-hostname")[0].clear()
     css(d, f"{row} .adopt-hostname")[0].send_keys("console-disc-1")
-    css(d, f"{row} button.adopt")[0].click()
+    click(d, f"{row} button.adopt")
     wait_until_sync(lambda: "adopted as console-disc-1" in texts(d, "#flash")[0], timeout=30, what="adopted")
     wait_until_sync(lambda: attrs(d, row, "data-status") == ["adopted"], timeout=30, what="the page reloaded")
     shot(d, "19-discovered-adopted")
@@ -475,7 +496,7 @@ def test_fabric_config_created_from_the_form_422_beside_the_field(system: Karios
         else:
             field.clear()
             field.send_keys(str(value) if name != "management_cidr" else "198.18.0.0/not-a-mask")
-    css(d, "#create-config")[0].click()
+    click(d, "#create-config")
     wait_until_sync(lambda: texts(d, "#err-management_cidr")[0], timeout=30, what="the 422 beside the field")
     assert "not an IPv4 CIDR" in texts(d, "#err-management_cidr")[0]
     assert attrs(d, "#new-management_cidr", "aria-invalid") == ["true"]
@@ -484,7 +505,7 @@ def test_fabric_config_created_from_the_form_422_beside_the_field(system: Karios
     field = css(d, "#new-management_cidr")[0]
     field.clear()
     field.send_keys(FABRIC_CONFIG["management_cidr"])
-    css(d, "#create-config")[0].click()
+    click(d, "#create-config")
     wait_until_sync(lambda: texts(d, "#cfg-mgmt") == [FABRIC_CONFIG["management_cidr"]], timeout=30,
                     what="the created config on the page")  # fmt: skip
     # The live section can show the new config before the page's reload (800 ms after the
@@ -572,7 +593,7 @@ def test_fabric_page_nodes_turn_established_after_apply(system: KariosUp, browse
     assert "route reflector" in texts(d, "#topology")[0]
     shot(d, "10-fabric-before")
 
-    css(d, "#preflight")[0].click()
+    click(d, "#preflight")
     wait_until_sync(
         lambda: css(d, "#preflight-verdict"), timeout=120, interval=0.5, what="the preflight result"
     )
@@ -581,7 +602,7 @@ def test_fabric_page_nodes_turn_established_after_apply(system: KariosUp, browse
     assert not texts(d, f'g.node[data-node-ip="{ips[0]}"] text.mtu-drift')
     shot(d, "11-fabric-preflight")
 
-    css(d, "#load-diff")[0].click()  # what an apply would change, per node (nothing changes yet)
+    click(d, "#load-diff")  # what an apply would change, per node (nothing changes yet)
     wait_until_sync(lambda: len(attrs(d, "#diff-out section.node-diff", "data-node-ip")) == 3, timeout=120,
                     interval=0.5, what="the per-node diff")  # fmt: skip
     assert attrs(d, "#diff-out section.node-diff", "data-changed") == ["true"] * 3
@@ -591,7 +612,7 @@ def test_fabric_page_nodes_turn_established_after_apply(system: KariosUp, browse
     shot(d, "12-fabric-diff")
     d.execute_script("window.scrollTo(0, 0)")
 
-    css(d, "#apply")[0].click()
+    click(d, "#apply")
     wait_until_sync(lambda: "apply" in texts(d, "#flash")[0], timeout=30, what="the apply to start")
     assert "started" in texts(d, "#flash")[0], texts(d, "#flash")
 
@@ -642,14 +663,14 @@ def test_switch_reconfig_ack_flow(system: KariosUp, browser) -> None:
     field = css(d, "#cfg-management")[0]
     field.clear()
     field.send_keys("198.18.0.0/23")
-    css(d, "#save-config")[0].click()
+    click(d, "#save-config")
     wait_until_sync(lambda: css(d, "#ack")[0].is_displayed(), timeout=30, what="the ack box")
     told = css(d, "#ack-ranges")[0].text  # the fields that changed the switch, and the range move
     assert "management_cidr" in told and "from 198.18.0.0/24 to 198.18.0.0/23" in told, told
     assert "bgp listen range 198.18.0.0/23" in css(d, "#ack-snippet")[0].text
     digest = css(d, "#ack-hash")[0].text
     assert len(digest) == 64 and css(d, "#ack-nos")[0].get_attribute("value") == "sonic"
-    css(d, "#ack-confirm")[0].click()  # no name yet
+    click(d, "#ack-confirm")  # no name yet
     wait_until_sync(
         lambda: "acked_by" in css(d, "#flash")[0].text, timeout=30, what="the 422 naming acked_by"
     )
@@ -657,7 +678,7 @@ def test_switch_reconfig_ack_flow(system: KariosUp, browser) -> None:
     css(d, "#ack-by")[0].send_keys("console-e2e")
     shot(d, "14-fabric-switch-ack")
 
-    css(d, "#ack-confirm")[0].click()
+    click(d, "#ack-confirm")
     wait_until_sync(
         lambda: "acknowledged" in css(d, "#flash")[0].text, timeout=30, what="the ack to be accepted"
     )

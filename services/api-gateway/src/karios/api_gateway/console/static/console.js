@@ -84,6 +84,7 @@
 
   function startLive(region) {
     let pending = [];
+    let shown = null; // the region's HTML as last fetched
     async function refresh() {
       // Never wipe a secret being typed (the retry form asks for the request's passwords again).
       if (Array.from(region.querySelectorAll("input[type=password]")).some((i) => i.value)) return;
@@ -96,7 +97,15 @@
         return;
       }
       if (!r.ok) return;
-      region.innerHTML = await r.text();
+      const html = await r.text();
+      // Unchanged (the 5 s backstop, an event that moved nothing here): the DOM stays as it is,
+      // so a focused control (Cancel, Retry) keeps the keyboard's focus and a click in flight
+      // lands on the element it aimed at.
+      if (html === shown) return;
+      shown = html;
+      const focused = region.contains(document.activeElement) ? document.activeElement.id : "";
+      region.innerHTML = html;
+      if (focused) region.querySelector("#" + CSS.escape(focused))?.focus(); // the same control, re-rendered
       applyLiveLabels(region);
       if (region.dataset.announce === "job") {
         const after = jobSummary(region);
