@@ -95,16 +95,24 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
                 root = (await conn.run("findmnt -no SOURCE /", check=True)).stdout.strip()
                 # The ESP is mounted `nofail` (a mirror boots without its first disk), so systemd does
                 # not order it before the login prompt: on a loaded host sshd answers first. Wait for
-                # the boot's start-up jobs to finish ("running" or "degraded"), then look. As root:
-                # the image has no D-Bus, so a user's systemctl cannot ask systemd and the wait
-                # returned at once (unseen while udev-settle, which zfs-load-module requires,
-                # held the login prompt back until the devices were there).
+                # the boot's start-up jobs to finish ("running" or "degraded"), then look; the mount
+                # waits for its device up to the fstab's x-systemd.device-timeout (5 min: the
+                # default 90 s was outrun by udev's coldplug under a loaded CI once udev-settle
+                # no longer held the boot back).
                 sudo = as_root(password)
-                waited = await conn.run(sudo + "timeout 300 systemctl is-system-running --wait", check=False)
+                waited = await conn.run(sudo + "timeout 400 systemctl is-system-running --wait", check=False)
                 state = f"{waited.stdout}{waited.stderr}".strip()
                 assert state in ("running", "degraded"), state
                 efi = (await conn.run("findmnt -no FSTYPE /boot/efi", check=False)).stdout.strip()
                 cmdline = (await conn.run("cat /proc/cmdline", check=True)).stdout
+                # No ZFS pool: the image's ZFS units are off — no module loaded, no udev settle.
+                zfs_look = await conn.run(
+                    sudo + "sh -c 'systemctl is-enabled zfs-load-module.service zfs-import-cache.service"
+                    " zfs.target; systemctl is-active systemd-udev-settle.service;"
+                    " test -d /sys/module/zfs && echo zfs-loaded'",
+                    check=False,
+                )
+                zfs = f"{zfs_look.stdout}{zfs_look.stderr}"
             block = vm.monitor("info block")  # the harness's monitor socket answers
         finally:
             vm.stop()
@@ -117,6 +125,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
         assert efi == "vfat", state  # the first disk's EFI system partition
         assert "console=ttyS0,115200n8" in cmdline and "root=UUID=" in cmdline, cmdline
         assert "vda.img" in block and "vdb.img" in block, block
+        assert zfs.split() == ["disabled", "disabled", "disabled", "inactive"], zfs
 
         # The first boot registered the node at the address the installer reported.
         r = await c.get(f"/controlnode/nodes/{GUEST_IP}", headers=ADMIN)
