@@ -48,7 +48,7 @@ async def _facts(port: int, key: asyncssh.SSHKey, password: str) -> dict[str, st
             "mdstat": await run("cat /proc/mdstat"),
             "cmdline": await run("cat /proc/cmdline"),
             "firmware": await run("test -d /sys/firmware/efi && echo uefi || echo bios"),
-            # a ZFS root keeps the image's ZFS units (an md or single-disk root turns them off)
+            # a ZFS root needs the image's ZFS units
             "zfs_units": await run(
                 sudo + "systemctl is-enabled zfs-load-module.service zfs-import-cache.service zfs.target"
             ),
