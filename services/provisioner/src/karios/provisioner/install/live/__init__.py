@@ -25,7 +25,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterable
@@ -37,6 +36,8 @@ from jinja2 import Environment
 
 from karios.common.errors import PermanentFailure
 from karios.provisioner.install.live import zfs
+from karios.provisioner.install.live._common import TEMPLATES
+from karios.provisioner.install.live._common import run as _run
 from karios.provisioner.templating import package_templates
 
 # zfsutils-linux and zfs-initramfs (contrib): a root on ZFS is imported by the initramfs the
@@ -84,8 +85,6 @@ LIVE_PRUNE = (
     "usr/share/perl*",
 )
 
-_ENV = package_templates("karios.provisioner.install.live")
-
 #: What shapes the compiled ZFS modules, and the images around them (files of this package): a
 #: cache keyed by :func:`inputs_key` of them builds anew when one changes. The per-host scripts
 #: (callbacks.sh.j2, …) go into each job's overlay instead.
@@ -103,7 +102,7 @@ def inputs_key(names: tuple[str, ...], suite: str) -> str:
 
 def render_init(modules: list[str]) -> str:
     """The live environment's ``/init`` (pure)."""
-    return _ENV.get_template("init.j2").render(modules=modules)
+    return TEMPLATES.get_template("init.j2").render(modules=modules)
 
 
 def _sh_quote(value: object) -> str:
@@ -113,7 +112,7 @@ def _sh_quote(value: object) -> str:
 def script_environment(package: str) -> Environment:
     """Jinja2 for a method's per-host scripts: its own templates plus the shared
     ``callbacks.sh.j2``; ``| sh`` quotes a value for the shell."""
-    env = package_templates(package, _ENV.loader)  # type: ignore[arg-type]
+    env = package_templates(package, TEMPLATES.loader)  # type: ignore[arg-type]
     env.filters["sh"] = _sh_quote
     return env
 
@@ -358,12 +357,6 @@ def keep_modules(moddir: Path, wanted: list[str]) -> list[str]:
 def _mod_name(path: str) -> str:
     name = path.rsplit("/", 1)[-1].split(".ko", 1)[0]
     return name.replace("-", "_")
-
-
-def _run(argv: list[str], timeout: float = 300, **kw) -> None:  # type: ignore[no-untyped-def]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
-    if res.returncode != 0:
-        raise PermanentFailure(f"{argv[0]} failed ({res.returncode}): {res.stderr.strip()[-800:]}")
 
 
 def live_images_for(cfg: Any, settings: ImageSettings) -> LiveImages:

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import subprocess
 from pathlib import Path
 
 from karios.common.errors import PermanentFailure
-from karios.provisioner.templating import package_templates
+from karios.provisioner.install.live._common import TEMPLATES, run
 
 # The suite's kernel headers, DKMS and zfs-dkms (its postinst builds the modules for every
 # installed kernel's headers).
@@ -28,10 +27,9 @@ ZFS_BUILD_PACKAGES = "linux-headers-amd64,dkms,zfs-dkms"
 # Not compiled with -g0 (KCFLAGS), though DKMS strips the modules' DWARF anyway: trixie's headers
 # carry vmlinux, so kbuild generates each module's BTF from its DWARF (pahole), and without it
 # pahole fails — OpenZFS's configure then finds no module support (tried 2026-12-06).
+
 # The name of the package's Debian package, before the kernel release it is built for.
 PACKAGE_PREFIX = "karios-zfs-modules-"
-
-_ENV = package_templates("karios.provisioner.install.live")
 
 
 def copy_out_hook(built: Path) -> str:
@@ -55,26 +53,20 @@ def zfs_modules_deb(built: Path, deb: Path, version: str) -> None:
     pkg = deb.parent / "pkg"
     (pkg / "DEBIAN").mkdir(parents=True)
     shutil.copytree(built / kver, pkg / "usr/lib/modules" / kver)
-    (pkg / "DEBIAN/control").write_text(
-        _ENV.get_template("zfs-modules.control.j2").render(kver=kver, version=version, prefix=PACKAGE_PREFIX)
-    )
+    control = TEMPLATES.get_template("zfs-modules.control.j2")
+    (pkg / "DEBIAN/control").write_text(control.render(kver=kver, version=version, prefix=PACKAGE_PREFIX))
     post = pkg / "DEBIAN/postinst"
-    post.write_text(_ENV.get_template("zfs-modules.postinst.j2").render(kver=kver))
+    post.write_text(TEMPLATES.get_template("zfs-modules.postinst.j2").render(kver=kver))
     post.chmod(0o755)
-    res = subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "-Zzstd", "--build", str(pkg), str(deb)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if res.returncode != 0:
-        raise PermanentFailure(f"dpkg-deb failed ({res.returncode}): {res.stderr.strip()[-800:]}")
+    run(["dpkg-deb", "--root-owner-group", "-Zzstd", "--build", str(pkg), str(deb)])
 
 
 def deb_kernel(deb: Path) -> str:
     """The kernel release the modules package ``deb`` was built for (its package name)."""
-    res = subprocess.run(["dpkg-deb", "-f", str(deb), "Package"], capture_output=True, text=True, timeout=60)
-    name = res.stdout.strip()
-    if res.returncode != 0 or not name.startswith(PACKAGE_PREFIX):
-        raise PermanentFailure(f"{deb} is not a ZFS modules package ({name or res.stderr.strip()[-200:]})")
+    try:
+        name = run(["dpkg-deb", "-f", str(deb), "Package"], timeout=60).strip()
+    except PermanentFailure as exc:
+        raise PermanentFailure(f"{deb} is not a ZFS modules package ({exc.message})") from None
+    if not name.startswith(PACKAGE_PREFIX):
+        raise PermanentFailure(f"{deb} is not a ZFS modules package (it is {name!r})")
     return name.removeprefix(PACKAGE_PREFIX)
