@@ -144,6 +144,7 @@ async def test_image_install_to_first_boot_through_the_gateway(install_stack: In
         assert f"root=UUID={root_uuid.group(1)}" in uefi, uefi[-3000:]  # the installed GRUB's entry
         md = re.search(r"md/raid1:(md\d+): active with 2 out of 2 mirrors", uefi)
         assert md, uefi[-3000:]  # the initramfs assembled the mirror and mounted the root on it
+        # (Linux ≥ 6.3 names the filesystem's UUID in this line: Debian 13's kernel, not 12's)
         assert f"EXT4-fs ({md.group(1)}): mounted filesystem {root_uuid.group(1)}" in uefi, uefi[-3000:]
 
         events = await sse.collect(

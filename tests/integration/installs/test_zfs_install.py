@@ -119,17 +119,16 @@ async def test_raidz1_root_on_zfs_boots_bios_and_uefi(
     # the installed GRUB's entry; the initramfs imported the pool and mounted the dataset systemd runs from
     assert re.search(r"Command line: .*root=ZFS=rpool/ROOT/debian ", uefi), uefi[-3000:]
     assert re.search(r"ZFS: Loaded module v\d", uefi), uefi[-3000:]
-    facts = bios
-    assert facts["firmware"] == "bios"
-    assert facts["zfs_units"].split() == ["enabled"] * 3, facts["zfs_units"]
-    assert facts["health"] == "ONLINE", facts["zpool"]
-    zpool = facts["zpool"]
+    assert bios["firmware"] == "bios"
+    assert bios["zfs_units"].split() == ["enabled"] * 3, bios["zfs_units"]
+    assert bios["health"] == "ONLINE", bios["zpool"]
+    zpool = bios["zpool"]
     assert "raidz1-0" in zpool and all(f"/dev/{d}4" in zpool for d in DISKS), zpool
     assert "errors: No known data errors" in zpool, zpool
-    assert facts["root"].split() == ["rpool/ROOT/debian", "zfs"], facts["root"]
-    assert facts["boot"].split()[1] == "ext4" and facts["boot"].startswith("/dev/md"), facts["boot"]
-    assert "raid1" in facts["mdstat"] and all(f"{d}3" in facts["mdstat"] for d in DISKS), facts["mdstat"]
-    assert "root=ZFS=rpool/ROOT/debian" in facts["cmdline"], facts["cmdline"]
+    assert bios["root"].split() == ["rpool/ROOT/debian", "zfs"], bios["root"]
+    assert bios["boot"].split()[1] == "ext4" and bios["boot"].startswith("/dev/md"), bios["boot"]
+    assert "raid1" in bios["mdstat"] and all(f"{d}3" in bios["mdstat"] for d in DISKS), bios["mdstat"]
+    assert "root=ZFS=rpool/ROOT/debian" in bios["cmdline"], bios["cmdline"]
     for img in [*(tmp_path / f"{d}.img" for d in DISKS), iso]:  # a failing run keeps them
         img.unlink()
     timeline = {"post_to_completed": round(t_done - t0, 1), "zpool": bios["zpool"]}
