@@ -32,7 +32,16 @@ import pytest
 
 from karios.common.bus.streams import ReplicasUnavailable, ensure_streams
 from karios.common.bus.subjects import Subjects
-from tests.fixtures.chaos import PORT_VARS, KariosUp, PrivateNats, http_get, http_post, pg_ctl, state_dir
+from tests.fixtures.chaos import (
+    PORT_VARS,
+    KariosUp,
+    PrivateNats,
+    http_get,
+    http_post,
+    pg_ctl,
+    shown_argv,
+    state_dir,
+)
 from tests.fixtures.provision import resets_seen, write_inventory
 from tests.fixtures.wait import wait_until_sync
 from tests.lab.redfish_lab import LAZY_MEDIA_FETCH, RedfishEmulator, fake_system
@@ -100,12 +109,14 @@ def stream_state(up: KariosUp) -> dict[str, dict[str, object]]:
     return asyncio.run(streams_now(up.nats_url(), up.nats_login()))
 
 
-def children(up: KariosUp) -> Iterator[tuple[psutil.Process, list[str], dict[str, str]]]:
-    """Live descendants of `karios up` with their command line and environment."""
+def children(up: KariosUp) -> Iterator[tuple[psutil.Process, list[str], set[int]]]:
+    """Live descendants of `karios up` with their command line (as `ps` shows it) and the TCP
+    ports they listen on."""
     for p in psutil.Process(up.proc.pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):  # gone, or a zombie not yet reaped
             if p.status() != psutil.STATUS_ZOMBIE:
-                yield p, p.cmdline(), p.environ()
+                ports = {c.laddr.port for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+                yield p, shown_argv(p), ports
 
 
 def nats_node(up: KariosUp, name: str) -> psutil.Process | None:
@@ -114,9 +125,8 @@ def nats_node(up: KariosUp, name: str) -> psutil.Process | None:
 
 def replica_one(up: KariosUp, service: str) -> psutil.Process:
     """The `karios run <service>` child on the service's configured port (replica 1)."""
-    var = f"KARIOS_{PORT_VARS[service]}_PORT"
-    for p, cmd, env in children(up):
-        if cmd[-2:] == ["run", service] and env.get(var) == str(up.ports[service]):
+    for p, cmd, ports in children(up):
+        if cmd[-2:] == ["run", service] and up.ports[service] in ports:
             return p
     raise LookupError(service)
 

