@@ -304,6 +304,10 @@ def fork_process(
         os.dup2(out, 1)
         os.dup2(out, 2)
         os.closerange(3, _max_fd())
+        # Python's own streams on the new descriptors (the parent's may be another object).
+        sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = sys.__stderr__ = open(2, "w", 1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+        sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115
         os.environ.clear()
         os.environ.update(env)
         # As Python sets it for `python -m karios.cli run X` (this process was `-m karios.cli up`).
