@@ -156,9 +156,11 @@ def test_wipe_policy_comes_from_the_deployment(tmp_path: Path, monkeypatch: pyte
 
 
 def test_init_loads_modules_and_runs_the_overlay() -> None:
-    init = render_init(["virtio_blk", "nvme"])
+    init = render_init(["virtio_blk", "nvme", "sd_mod", "ext4"])
     _sh_ok(init)
-    assert "for m in virtio_blk nvme; do" in init
+    # Device drivers load by the modalias of the devices present; the rest always.
+    assert "for m in sd_mod ext4; do" in init
+    assert "cat /sys/bus/*/devices/*/modalias" in init and "modprobe -qab $now" in init
     assert "/karios/run.sh" in init and "udhcpc" in init
 
 

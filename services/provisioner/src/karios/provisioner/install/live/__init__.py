@@ -63,15 +63,19 @@ LIVE_PACKAGES = (
     "curl,ca-certificates,kmod,iproute2,nvme-cli,hdparm,sg3-utils,zfsutils-linux"
 )
 # Disk, NIC and filesystem drivers of the live environment; their dependencies come along.
-# Names missing from a kernel package (built in, or not built) are skipped.
-_LIVE_MODULE_NAMES = (
-    "virtio_pci virtio_blk virtio_scsi virtio_net ahci ata_piix sd_mod sr_mod nvme "
+# Names missing from a kernel package (built in, or not built) are skipped. The device drivers
+# are loaded only for the devices present (by their modalias, /init); the rest always.
+_LIVE_DRIVER_NAMES = (
+    "virtio_pci virtio_blk virtio_scsi virtio_net ahci ata_piix nvme "
     "mpt3sas megaraid_sas smartpqi aacraid hpsa "
-    "e1000e e1000 igb ixgbe i40e ice bnxt_en tg3 "
-    "ext4 vfat nls_cp437 nls_ascii nls_iso8859_1 isofs md_mod linear raid0 raid1 raid10 raid456 "
-    "crc32c_generic efivarfs"
+    "e1000e e1000 igb ixgbe i40e ice bnxt_en tg3"
 )
-LIVE_MODULES = _LIVE_MODULE_NAMES.split()
+_LIVE_ALWAYS_NAMES = (
+    "sd_mod sr_mod ext4 vfat nls_cp437 nls_ascii nls_iso8859_1 isofs "
+    "md_mod linear raid0 raid1 raid10 raid456 crc32c_generic efivarfs"
+)
+LIVE_DRIVERS = _LIVE_DRIVER_NAMES.split()
+LIVE_MODULES = LIVE_DRIVERS + _LIVE_ALWAYS_NAMES.split()
 # Trimmed from the live tree: documentation and data nothing in it reads.
 LIVE_PRUNE = (
     "usr/share/doc",
@@ -101,8 +105,10 @@ def inputs_key(names: tuple[str, ...], suite: str) -> str:
 
 
 def render_init(modules: list[str]) -> str:
-    """The live environment's ``/init`` (pure)."""
-    return TEMPLATES.get_template("init.j2").render(modules=modules)
+    """The live environment's ``/init`` (pure): ``modules`` are the kept ones; the device
+    drivers among them (:data:`LIVE_DRIVERS`) load for the devices present, the rest always."""
+    always = [m for m in modules if m not in LIVE_DRIVERS]
+    return TEMPLATES.get_template("init.j2").render(modules=always)
 
 
 def _sh_quote(value: object) -> str:
