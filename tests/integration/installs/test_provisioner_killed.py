@@ -9,7 +9,7 @@ inside the built live environment (its own sh, curl, zstd, tar and mawk) and str
 archive from the provisioner's ``/images``. Mid-stream the provisioner process is SIGKILLed; the
 supervisor restarts it. The transfer is cut short, the installer's failure report meets a gateway
 whose provisioner is gone (503) and is retried with backoff until the restarted provisioner
-takes it.
+takes it — or, the restart being a fork of ``karios up`` (~1 s), meets the restarted one.
 
 Why not a VM: the same kill in qemu (TCG; the medium booted by its ISO, the VM reaching the
 gateway and the provisioner through guestfwd) passed too — 176 MB of the archive unsent, the job
@@ -229,7 +229,8 @@ def test_provisioner_killed_mid_base_system_fails_the_job_with_the_installers_wo
     assert "base-system" in msg and "writing the root filesystem" in msg, msg
     # curl's words come first: the transfer cut short by the server's death.
     assert "curl: (18) " in msg or "curl: (56) " in msg, msg
-    # The report met a gateway with no provisioner behind it (503), was retried until the
-    # provisioner was back, and was taken within the reporter's backoff of its return.
-    assert unavailable >= 1, unavailable
-    assert ended - back < 10, (ended - killed, back - killed, msg)
+    # The report met a gateway with no provisioner behind it (503, retried with backoff: the
+    # reporter's retries are tests/unit/installs/test_in_live_env.py) or the restarted one (karios
+    # up forks it back in ~1 s, often before the installer has said why it failed); either way it
+    # was taken within the reporter's backoff of the provisioner's return.
+    assert ended - back < 10, (ended - killed, back - killed, unavailable, msg)
