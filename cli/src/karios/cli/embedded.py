@@ -525,11 +525,8 @@ def _dies_with_parent(sig: int) -> Callable[[], None]:
     *thread* that forked dies: from another thread than the main one it is not set (the caller
     stops the child itself; :class:`EmbeddedPostgres` also at exit)."""
     parent = os.getpid()
-    prctl = None
-    if sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread():
-        import ctypes  # here, not in the child: after setuid it may not read this Python's files
-
-        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    # Resolved in the parent (_PRCTL), not the child: after setuid it may not read this Python's files.
+    prctl = _PRCTL if threading.current_thread() is threading.main_thread() else None
 
     def preexec() -> None:
         if prctl is not None:

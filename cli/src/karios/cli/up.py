@@ -30,7 +30,7 @@ from karios.cli.embedded import (
 )
 from karios.cli.nats_auth import CREDENTIALS_FILE, CredentialsError, NatsCredentials, load_or_create
 from karios.cli.readiness import probe
-from karios.cli.runservice import run_service
+from karios.cli.runservice import preload, run_service
 from karios.cli.services import SERVICES, serves_tls
 from karios.cli.supervisor import Child, CrashLoop, CrashPolicy, Supervisor, is_ready
 
@@ -361,8 +361,6 @@ class Up:
                 raise StartError(problem)
 
     def _preload(self) -> None:
-        from karios.cli.runservice import preload
-
         failed = preload(list(SERVICES))
         for name, why in failed.items():
             self.sup.say(None, f"{name}: its code did not import here ({why}); started as its own process")
