@@ -1,4 +1,5 @@
-"""`karios up` on the embedded default: five services ready, register → SSE, clean stop."""
+"""`karios up` on the embedded default: five services ready, register → SSE, clean stop; its main
+thread imports nothing while the services' code is preloaded beside it."""
 
 from __future__ import annotations
 
@@ -29,6 +30,30 @@ def _get(url: str, token: str, timeout: float = 5) -> tuple[int, bytes]:
         return r.status, r.read()
 
 
+# `karios up` as `python -m karios.cli up`, with an audit hook recording each import made by a
+# thread other than "preload" while that thread runs (Up.run): two threads importing one package at
+# once can hand one of them the half-initialised module (a start failed on prometheus_client so).
+AUDITED_UP = """
+import json, os, runpy, sys, threading
+mine, others = [], []
+def hook(event, args):
+    if event != "import":
+        return
+    me = threading.current_thread().name
+    if me == "preload":
+        mine.append(args[0])
+    elif any(t.name == "preload" for t in threading.enumerate()):
+        others.append(f"{me}: {args[0]}")
+sys.addaudithook(hook)
+def record():
+    with open(os.environ["KARIOS_TEST_IMPORTS"], "w") as f:
+        json.dump({"preload": mine, "others": others}, f)
+import atexit
+atexit.register(record)
+runpy.run_module("karios.cli", run_name="__main__", alter_sys=True)
+"""
+
+
 @pytest.fixture
 def state_root() -> Iterator[Path]:
     # Not tmp_path: embedded initdb runs as another user, who cannot enter /tmp/pytest-of-root.
@@ -44,8 +69,9 @@ def test_karios_up_runs_everything_and_stops_cleanly(state_root: Path):
     ports = {name: free_port() for name in SERVICES}
     for name, port in ports.items():
         env[f"KARIOS_{name}_PORT"] = str(port)
+    env["KARIOS_TEST_IMPORTS"] = str(state_root / "imports.json")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "karios.cli", "up", "--timeout", "150"],
+        [sys.executable, "-c", AUDITED_UP, "up", "--timeout", "150"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -112,3 +138,8 @@ def test_karios_up_runs_everything_and_stops_cleanly(state_root: Path):
     alive = orphans()
     assert not alive, f"orphans left: {[c.cmdline() for c in alive]}"
     assert proc.returncode == 0
+    imports = json.loads((state_root / "imports.json").read_text())
+    # The hook sees `import` statements (importlib.import_module raises no audit event): the
+    # gateway's own modules, imported by its app module in the preload thread.
+    assert any(m.startswith("karios.api_gateway.") for m in imports["preload"]), imports
+    assert imports["others"] == [], "imported beside the preload (karios.cli.up: _import_for_backends)"

