@@ -18,6 +18,7 @@ import json
 import socket
 import stat
 import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -112,8 +113,7 @@ async def test_cluster_nodes_route_with_the_route_login_and_refuse_a_server_with
             node.write_config(nodes, creds)
             with open(state / f"{node.name}.log", "wb") as log:
                 procs.append(subprocess.Popen(node.argv(nodes, config=True), stdout=log, stderr=log))
-        for node in nodes:
-            wait_until_sync(lambda n=node: _healthy(n.ready_url), timeout=30, what=f"{node.name} healthy")
+        _wait_healthy(nodes, procs, state)
         servers = [n.url for n in nodes]
         assert "Authorization Violation" in await _refused(servers[1])
 
@@ -163,6 +163,41 @@ async def test_cluster_nodes_route_with_the_route_login_and_refuse_a_server_with
     for node in nodes:
         log = (state / f"{node.name}.log").read_text()
         assert not any(pw in log for pw in creds.passwords), node.name
+
+
+def _wait_healthy(nodes: list, procs: list[subprocess.Popen[bytes]], state: Path) -> None:
+    """All three answer /healthz 200: each has a meta leader, which the JetStream election gives
+    within seconds on an idle machine. In stop 41's CI, beside TCG guests, karios-n1 was not
+    healthy after 30 s, and the failure kept no log. So the wait is as long as ``karios up``'s own
+    default (90 s); a server that exits (a port free_port chose taken by then) ends it at once; and
+    either failure shows each server's /healthz answer and log."""
+    try:
+        wait_until_sync(
+            lambda: any(p.poll() is not None for p in procs) or all(_healthy(n.ready_url) for n in nodes),
+            timeout=90,
+            what="the three nodes healthy",
+        )
+        ended = zip(nodes, procs, strict=True)
+        exited = [f"{n.name} exited {p.returncode}" for n, p in ended if p.poll() is not None]
+        if exited:
+            raise AssertionError(", ".join(exited))
+    except AssertionError as e:
+        tails = []
+        for n in nodes:
+            health = _health_text(n.ready_url)
+            log = (state / f"{n.name}.log").read_text(errors="replace").splitlines()[-15:]
+            tails.append(f"--- {n.name} /healthz: {health}\n" + "\n".join(log))
+        raise AssertionError(f"{e}\n" + "\n".join(tails)) from None
+
+
+def _health_text(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return f"{r.status} {r.read(300)!r}"
+    except urllib.error.HTTPError as e:
+        return f"{e.code} {e.read(300)!r}"
+    except OSError as e:
+        return repr(e)
 
 
 def _healthy(url: str) -> bool:
