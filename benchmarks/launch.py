@@ -89,6 +89,14 @@ def cpu_seconds(procs: Any) -> float:
     return total
 
 
+def shown_argv(proc: Any) -> list[str]:
+    """The command line ``proc`` shows, as words. A service ``karios up`` forked shows its
+    ``karios run <service>`` through setproctitle: one string padded with NULs (or spaces) in
+    the memory of up's own, longer argv, which psutil returns as one element plus empty ones, or
+    split at the spaces. Read as words, both are the argv of a ``karios run`` started apart."""
+    return " ".join(proc.cmdline()).split()
+
+
 class KariosUp:
     """``karios up`` for one benchmark run. ``inventory`` is written as the file inventory;
     ``env`` adds to (or overrides) the launcher's environment; ``up_args`` adds to ``karios up``'s
@@ -189,7 +197,7 @@ class KariosUp:
             return []
         for child in kids:
             try:
-                argv = child.cmdline()
+                argv = shown_argv(child)
             except psutil.Error:
                 continue
             if argv[-2:-1] == ["run"] and "karios.cli" in argv:
@@ -219,7 +227,7 @@ class KariosUp:
         (``KARIOS_<SERVICE>_PORT`` in its environment) in :meth:`replica_urls`; else the service."""
         import psutil
 
-        service = str(proc.cmdline()[-1])
+        service = shown_argv(proc)[-1]
         try:
             port = proc.environ().get(_port_var(service))
         except psutil.Error:  # gone, or not readable: the service's name will do
