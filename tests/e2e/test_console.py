@@ -574,6 +574,42 @@ def test_viewer_sees_no_write_controls(system: KariosUp, browser) -> None:
     logout(d)
 
 
+def _sse_clients(up: KariosUp) -> float:
+    """The gateway's ``karios_sse_clients`` gauge: the event streams it serves now."""
+    text = httpx.get(up.url() + "/metrics", timeout=10).text
+    return next(
+        float(line.split()[1]) for line in text.splitlines() if line.startswith("karios_sse_clients ")
+    )
+
+
+def test_a_page_left_holds_no_event_stream_and_one_shown_again_listens(system: KariosUp, browser) -> None:
+    """Chromium keeps a page left for another in its back/forward cache; its event stream stayed
+    open with it, so after six live pages every one of HTTP/1.1's six connections to the gateway
+    was held and the next page waited a minute (three of this module's tests took 60 s each).
+    Leaving a page closes its stream; shown again from that cache, it listens again."""
+    d = browser
+    d.get(system.url() + "/console/jobs")
+    if logged_out(d):
+        login(d, system, system.token)
+    for path in ["/console/fabric", "/console/jobs"] * 4:  # eight live pages, one after another
+        d.get(system.url() + path)
+        assert d.execute_script("return document.body.dataset.sse") == "open", path
+    # One stream: the shown page's (the gauge counts what the gateway still serves).
+    wait_until_sync(lambda: _sse_clients(system) == 1, timeout=15, what="one event stream open")
+    d.execute_script("window.karios_marker = 'left'")
+    d.get(system.url() + "/console/fabric")
+    wait_until_sync(lambda: _sse_clients(system) == 1, timeout=15, what="the left page's stream closed")
+    d.back()
+    # The same document (a marker set before leaving survives only a restore from the cache),
+    # listening again: its stream is the only one once the fabric page's has closed.
+    assert d.execute_script("return window.karios_marker") == "left"
+    wait_until_sync(
+        lambda: d.execute_script("return document.body.dataset.sse") == "open" and _sse_clients(system) == 1,
+        timeout=15,
+        what="the restored page's stream",
+    )
+
+
 def test_fabric_page_nodes_turn_established_after_apply(system: KariosUp, browser, lab) -> None:
     admin = {"Authorization": f"Bearer {system.token}"}
     with httpx.Client(base_url=system.url(), headers=admin, timeout=60) as c:

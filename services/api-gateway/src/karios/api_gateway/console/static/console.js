@@ -120,29 +120,45 @@
     }
     region.karios = { refresh, soon };
     const url = "/controlnode/events?channel=" + encodeURIComponent(region.dataset.channels);
-    const es = new EventSource(url);
-    for (const name of (region.dataset.events || "").split(",").filter(Boolean)) {
-      es.addEventListener(name, (msg) => {
-        if (name === "fabric_switch") {
-          try {
-            const ev = JSON.parse(msg.data).data || {};
-            if (ev.state === "apply_started") for (const k of Object.keys(liveLabels)) delete liveLabels[k];
-            if (ev.node_ip && ev.job_id) liveLabels[ev.node_ip] = ev;
-            applyLiveLabels(region);
-            const st = $("#action-status");
-            if (st && ev.job_id) st.textContent = `${ev.state} ${ev.progress || 0}%`;
-          } catch (e) { /* a malformed event changes nothing */ }
-        } else if (region.dataset.announce === "jobs") {
-          try {
-            const ev = JSON.parse(msg.data).data || {};
-            if (ev.bmc_ip && ev.state) announce(`${ev.bmc_ip}: ${ev.state}${ev.percent ? " " + ev.percent + "%" : ""}`);
-          } catch (e) { /* a malformed event changes nothing */ }
-        }
-        soon();
-      });
+    const names = (region.dataset.events || "").split(",").filter(Boolean);
+    function onEvent(name, msg) {
+      if (name === "fabric_switch") {
+        try {
+          const ev = JSON.parse(msg.data).data || {};
+          if (ev.state === "apply_started") for (const k of Object.keys(liveLabels)) delete liveLabels[k];
+          if (ev.node_ip && ev.job_id) liveLabels[ev.node_ip] = ev;
+          applyLiveLabels(region);
+          const st = $("#action-status");
+          if (st && ev.job_id) st.textContent = `${ev.state} ${ev.progress || 0}%`;
+        } catch (e) { /* a malformed event changes nothing */ }
+      } else if (region.dataset.announce === "jobs") {
+        try {
+          const ev = JSON.parse(msg.data).data || {};
+          if (ev.bmc_ip && ev.state) announce(`${ev.bmc_ip}: ${ev.state}${ev.percent ? " " + ev.percent + "%" : ""}`);
+        } catch (e) { /* a malformed event changes nothing */ }
+      }
+      soon();
     }
+    let es = null;
+    function listen() {
+      es = new EventSource(url);
+      for (const name of names) es.addEventListener(name, (msg) => onEvent(name, msg));
+      document.body.dataset.sse = "open";
+    }
+    // A page left for another stays in the browser's back/forward cache with its stream open:
+    // HTTP/1.1 allows six connections to the gateway, so after a few pages the next one waited
+    // (a minute in Chromium) for a connection. The stream is closed when the page is hidden and
+    // opened again, with a look at what changed meanwhile, when it is shown from that cache.
+    window.addEventListener("pagehide", () => {
+      if (es) es.close();
+      es = null;
+      document.body.dataset.sse = "closed";
+    });
+    window.addEventListener("pageshow", (e) => {
+      if (e.persisted && !es) { listen(); refresh(); }
+    });
+    listen();
     setInterval(refresh, 5000); // a backstop for an event this page does not know by name
-    document.body.dataset.sse = "open";
   }
 
   // -- actions ---------------------------------------------------------------------------
