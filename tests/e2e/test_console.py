@@ -596,13 +596,20 @@ def test_a_page_left_holds_no_event_stream_and_one_shown_again_listens(system: K
         assert d.execute_script("return document.body.dataset.sse") == "open", path
     # One stream: the shown page's (the gauge counts what the gateway still serves).
     wait_until_sync(lambda: _sse_clients(system) == 1, timeout=15, what="one event stream open")
-    d.execute_script("window.karios_marker = 'left'")
-    d.get(system.url() + "/console/fabric")
-    wait_until_sync(lambda: _sse_clients(system) == 1, timeout=15, what="the left page's stream closed")
-    d.back()
-    # The same document (a marker set before leaving survives only a restore from the cache),
-    # listening again: its stream is the only one once the fabric page's has closed.
-    assert d.execute_script("return window.karios_marker") == "left"
+    # Left and shown again: the same document (a marker set before leaving survives only a
+    # restore from the cache). Chromium does not keep a page there under every condition (a
+    # request still in flight when it is left is one of its reasons), so this is tried up to three
+    # times.
+    for _ in range(3):
+        d.execute_script("window.karios_marker = 'left'")
+        d.get(system.url() + "/console/fabric")
+        wait_until_sync(lambda: _sse_clients(system) == 1, timeout=15, what="the left page's stream closed")
+        d.back()
+        if d.execute_script("return window.karios_marker") == "left":
+            break
+    else:
+        pytest.fail("Chromium never showed the jobs page again from its back/forward cache")
+    # Listening again: its stream is the only one once the fabric page's has closed.
     wait_until_sync(
         lambda: d.execute_script("return document.body.dataset.sse") == "open" and _sse_clients(system) == 1,
         timeout=15,
