@@ -243,7 +243,13 @@ def test_watch_exits_non_zero_when_the_job_fails_and_says_why(system: System):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "failed" in r.stdout and DEAD_BMC in r.stdout
     job_id = re.search(r"job (\S+) accepted for", r.stdout).group(1)  # type: ignore[union-attr]
-    reason = json.loads(system.karios("-o", "json", "job", "show", job_id).stdout)["message"]
+
+    # `job show` reads the read model, a moment behind the stream the watch ended on.
+    def failed_job() -> dict:
+        j = json.loads(system.karios("-o", "json", "job", "show", job_id).stdout)
+        return j if j["status"] == "failed" else {}
+
+    reason = wait_until_sync(failed_job, timeout=30, interval=0.5, what="job show: failed")["message"]
     assert len(reason) > 20, reason
     # The per-line output says why (not only "Failed"), the summary keeps the whole reason and
     # the whole id, even at 80 columns in a pipe.
