@@ -158,6 +158,18 @@ def test_tokens_are_managed_through_the_gateway_and_roles_hold(system: System):
     assert gone.returncode == 3 and "rejected the token" in gone.stderr
 
 
+def _job_shown(system: System, job_id: str, status: str, timeout: float = 30) -> dict:
+    """``karios job show`` once it says ``status``. It reads the gateway's read model, which
+    follows the event stream a ``--watch`` ends on by a moment (docs/operations.md): a loaded CI
+    run read "running" right after the watch saw "completed"."""
+
+    def shown() -> dict:
+        j = json.loads(system.karios("--output", "json", "job", "show", job_id).stdout)
+        return j if j["status"] == status else {}
+
+    return wait_until_sync(shown, timeout=timeout, interval=0.5, what=f"job show: {status}")  # type: ignore[no-any-return]
+
+
 def test_provision_watch_to_completion_with_the_installer_callbacks(system: System):
     watcher = system.popen("provision", BMCS[0], "--hostname", "cli-a", "--watch")
     try:
@@ -193,18 +205,7 @@ def test_provision_watch_to_completion_with_the_installer_callbacks(system: Syst
     # The last screen of `karios provision --watch`, kept for the docs (path: KARIOS_CLI_SCREEN).
     Path(os.environ.get("KARIOS_CLI_SCREEN", "/tmp/karios-provision-watch.txt")).write_text(out)
 
-    # The watch ends on the completed event; `job show` reads the gateway's read model, which
-    # follows the event stream by a moment (docs/operations.md): a loaded CI run showed "running"
-    # right after the watch ended.
-    def shown() -> dict:
-        return json.loads(system.karios("--output", "json", "job", "show", job_id).stdout)
-
-    job = wait_until_sync(
-        lambda: (j := shown())["status"] == "completed" and j,
-        timeout=30,
-        interval=0.5,
-        what="job show: completed",
-    )
+    job = _job_shown(system, job_id, "completed")
     assert job["bmc_ip"] == BMCS[0]
 
     # Its first boot registered it as a compute node.
@@ -243,13 +244,7 @@ def test_watch_exits_non_zero_when_the_job_fails_and_says_why(system: System):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "failed" in r.stdout and DEAD_BMC in r.stdout
     job_id = re.search(r"job (\S+) accepted for", r.stdout).group(1)  # type: ignore[union-attr]
-
-    # `job show` reads the read model, a moment behind the stream the watch ended on.
-    def failed_job() -> dict:
-        j = json.loads(system.karios("-o", "json", "job", "show", job_id).stdout)
-        return j if j["status"] == "failed" else {}
-
-    reason = wait_until_sync(failed_job, timeout=30, interval=0.5, what="job show: failed")["message"]
+    reason = _job_shown(system, job_id, "failed")["message"]
     assert len(reason) > 20, reason
     # The per-line output says why (not only "Failed"), the summary keeps the whole reason and
     # the whole id, even at 80 columns in a pipe.
@@ -270,12 +265,7 @@ def test_until_cancel_and_unprovision(system: System):
     c = system.karios("job", "cancel", job_id[:8])  # a unique prefix is enough
     assert c.returncode == 0, c.stderr
     assert job_id in c.stdout  # a pipe gets the whole id
-
-    def cancelled() -> bool:
-        j = json.loads(system.karios("--output", "json", "job", "show", job_id).stdout)
-        return j["status"] == "cancelled"
-
-    wait_until_sync(cancelled, timeout=60, interval=0.5, what="the job to be cancelled")
+    _job_shown(system, job_id, "cancelled", timeout=60)
     u = system.karios("--output", "json", "unprovision", BMCS[1])
     assert u.returncode == 0, u.stderr
     wipe_id = json.loads(u.stdout)["job_id"]
