@@ -158,13 +158,16 @@ def test_tokens_are_managed_through_the_gateway_and_roles_hold(system: System):
     assert gone.returncode == 3 and "rejected the token" in gone.stderr
 
 
+def _job_show(system: System, job_id: str) -> dict:
+    return json.loads(system.karios("--output", "json", "job", "show", job_id).stdout)  # type: ignore[no-any-return]
+
+
 def _job_shown(system: System, job_id: str, status: str, timeout: float = 30) -> dict:
-    """``karios job show`` once it says ``status``. It reads the gateway's read model, which
-    follows the event stream a ``--watch`` ends on by a moment (docs/operations.md): a loaded CI
-    run read "running" right after the watch saw "completed"."""
+    """``karios job show`` once it says ``status``: for an end the CLI did not wait for (a
+    cancel answers 202 before the job is cancelled)."""
 
     def shown() -> dict:
-        j = json.loads(system.karios("--output", "json", "job", "show", job_id).stdout)
+        j = _job_show(system, job_id)
         return j if j["status"] == status else {}
 
     return wait_until_sync(shown, timeout=timeout, interval=0.5, what=f"job show: {status}")  # type: ignore[no-any-return]
@@ -205,7 +208,9 @@ def test_provision_watch_to_completion_with_the_installer_callbacks(system: Syst
     # The last screen of `karios provision --watch`, kept for the docs (path: KARIOS_CLI_SCREEN).
     Path(os.environ.get("KARIOS_CLI_SCREEN", "/tmp/karios-provision-watch.txt")).write_text(out)
 
-    job = _job_shown(system, job_id, "completed")
+    # The watch ended once the gateway's job view agreed with its last event: read at once.
+    job = _job_show(system, job_id)
+    assert job["status"] == "completed", job
     assert job["bmc_ip"] == BMCS[0]
 
     # Its first boot registered it as a compute node.
@@ -244,7 +249,9 @@ def test_watch_exits_non_zero_when_the_job_fails_and_says_why(system: System):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "failed" in r.stdout and DEAD_BMC in r.stdout
     job_id = re.search(r"job (\S+) accepted for", r.stdout).group(1)  # type: ignore[union-attr]
-    reason = _job_shown(system, job_id, "failed")["message"]
+    shown = _job_show(system, job_id)  # the watch ended once the job view said failed too
+    assert shown["status"] == "failed", shown
+    reason = shown["message"]
     assert len(reason) > 20, reason
     # The per-line output says why (not only "Failed"), the summary keeps the whole reason and
     # the whole id, even at 80 columns in a pipe.

@@ -9,6 +9,7 @@ import io
 import json
 import re
 import stat
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -102,11 +103,22 @@ def test_a_failed_line_says_the_reason_not_only_failed():
 class FakeApi:
     def __init__(self, jobs: dict[str, dict[str, Any]]) -> None:
         self.jobs = jobs
+        self.reads: dict[str, int] = {}
+        self._lags: dict[str, tuple[int, dict[str, Any]]] = {}
+
+    def lag(self, jid: str, reads: int, then: dict[str, Any]) -> None:
+        """The job's view takes `then`'s fields only after `reads` more reads (a read model
+        that follows the event stream)."""
+        self._lags[jid] = (self.reads.get(jid, 0) + reads, then)
 
     def get(self, path: str, **_: Any) -> dict[str, Any]:
         jid = path.rsplit("/", 1)[-1]
         if jid not in self.jobs:
             raise CliError("404", status=404)
+        self.reads[jid] = self.reads.get(jid, 0) + 1
+        after, then = self._lags.get(jid, (0, {}))
+        if then and self.reads[jid] > after:
+            self.jobs[jid] = {**self.jobs[jid], **then}
         return self.jobs[jid]
 
 
@@ -213,9 +225,57 @@ def test_a_single_job_watch_says_why_it_is_stuck_and_ends_with_the_job(monkeypat
 
     monkeypatch.setattr(watch_mod, "stream", fake_stream)
     con, buf = _console(terminal=False)
+    api.lag(JOB, reads=2, then={"status": "failed", "job_status": "failed"})  # the read model follows
     assert watch_jobs(api, [JOB], con) == 1  # type: ignore[arg-type]
     assert "Stuck: no installer report for 1800 s" in buf.getvalue()
     assert "Failed: cancelled by the stuck sweep" in buf.getvalue()
+    assert api.get(f"/controlnode/job/{JOB}")["status"] == "failed"  # the watch ended once it agreed
+
+
+def _ending_stream(status: str) -> Any:
+    def fake_stream(
+        _api: Any, channels: list[str], *, on_connect: Any, stop: Any, **_: Any
+    ) -> Iterator[SseEvent]:
+        on_connect()
+        yield SseEvent(9, f"job_{status}", {"data": {"job_id": JOB, "state": status, "status": status}})
+        assert stop()
+
+    return fake_stream
+
+
+def test_a_watch_ends_only_once_the_job_view_says_what_its_last_event_said(monkeypatch):
+    """`karios provision --watch && karios job show` never reads "running" after the watch said
+    "completed": the watch reads the job view (the gateway's read model, a moment behind the
+    event stream) until it agrees."""
+    api = FakeApi({JOB: {"id": JOB, "bmc_ip": "192.0.2.11", "job_status": "first_boot", "status": "running"}})
+    api.lag(JOB, reads=5, then={"status": "completed", "job_status": "completed"})
+    monkeypatch.setattr(watch_mod, "stream", _ending_stream("completed"))
+    con, buf = _console(terminal=False)
+    assert watch_jobs(api, [JOB], con) == 0  # type: ignore[arg-type]
+    assert api.reads[JOB] >= 6  # read until it agreed ...
+    assert api.get(f"/controlnode/job/{JOB}")["status"] == "completed"  # ... which it now does
+    assert "does not say" not in buf.getvalue()
+
+
+def test_a_job_view_that_never_agrees_is_said_and_the_events_outcome_kept(monkeypatch):
+    api = FakeApi({JOB: {"id": JOB, "bmc_ip": "192.0.2.11", "job_status": "first_boot", "status": "running"}})
+    monkeypatch.setattr(watch_mod, "stream", _ending_stream("completed"))
+    con, buf = _console(terminal=False)
+    started = time.monotonic()
+    assert watch_jobs(api, [JOB], con, settle_timeout=0.5) == 0  # type: ignore[arg-type]
+    assert 0.4 <= time.monotonic() - started < 5  # bounded by the timeout
+    said = " ".join(buf.getvalue().split())
+    assert f"job {JOB}: the gateway's job view does not say 'completed' yet" in said, said
+
+
+def test_a_watch_until_a_state_agrees_with_a_view_at_that_state_or_past_it():
+    line = JobLine(JOB, state="booting")
+    assert watch_mod.agrees({"status": "running", "job_status": "installing"}, line, "booting")
+    assert watch_mod.agrees({"status": "completed", "job_status": "completed"}, line, "booting")
+    assert not watch_mod.agrees({"status": "running", "job_status": "mounting"}, line, "booting")
+    line.status = "failed"
+    assert not watch_mod.agrees({"status": "running", "job_status": "installing"}, line, None)
+    assert watch_mod.agrees({"status": "failed", "job_status": "failed"}, line, None)
 
 
 def test_until_must_be_a_state_the_job_passes_through():

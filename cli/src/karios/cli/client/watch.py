@@ -3,6 +3,11 @@
 A terminal gets progress bars (one per host or node, with stage and elapsed time); anything else
 (a pipe, a CI log) gets one line per change. Both end with a summary table. The exit code says
 how it ended: 0 completed (or ``--until`` reached), 1 failed or cancelled.
+
+A watch that ends on an event returns only once the gateway's job view agrees with it
+(:func:`settle`): the view is the read model, which the gateway's projector writes a moment after
+the event is on the stream, and ``karios provision --watch && karios job show …`` must not read
+"running" after the watch said "completed".
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ STATE_ORDER = ("queued", "building_media", "mounting", "booting", "installing", 
 FAILED = frozenset({"failed", "cancelled"})
 #: Where a job ends (``stuck`` does not: the job comes back when the installer reports again).
 ENDED = frozenset({"completed", "failed", "cancelled"})
+#: How long a watch that saw its job end waits for the job view to say so too (the read model
+#: follows the stream by milliseconds; seconds only after a gateway restart or in a storm).
+SETTLE_SECONDS = 15.0
 
 
 def check_until(until: str | None) -> str | None:
@@ -139,8 +147,56 @@ def job_table(lines: list[JobLine], con: Console | None = None) -> Table:
     return t
 
 
+def agrees(view: dict[str, Any], line: JobLine, until: str | None) -> bool:
+    """Whether a job view says what the watch saw: the same end, or (``--until``) that state or
+    a later one — or an end, which is past every state."""
+    status = str(view.get("status") or "")
+    if line.status in ENDED:
+        return status == line.status
+    state = str(view.get("job_status") or view.get("state") or "")
+    return status in ENDED or bool(until and reached(state, until))
+
+
+def settle(
+    api: Api, lines: list[JobLine], console: Console, until: str | None, timeout: float = SETTLE_SECONDS
+) -> None:
+    """Read each finished line's job view until it agrees with the event the watch ended on
+    (every 0.1 s, then slower, for at most `timeout` s in all). A view that never agrees is
+    said on the console, naming the job; the watch's outcome stays the event's."""
+    deadline = time.monotonic() + timeout
+    pause = 0.1
+    waiting = [j for j in lines if j.finished(until)]
+
+    def view(j: JobLine) -> dict[str, Any]:
+        try:
+            return api.get(f"/controlnode/job/{j.job_id}")
+        except CliError:
+            return {}  # not readable this moment (a gateway restarting): read again
+
+    while waiting:
+        waiting = [j for j in waiting if not agrees(view(j), j, until)]
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 1.0)
+    for j in waiting:
+        said = j.status if j.status in ENDED else until
+        console.print(
+            f"job {j.job_id}: the gateway's job view does not say {said!r} yet, {timeout:.0f} s after "
+            f"the event did ('karios job show {j.job_id}' will once it has caught up)",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 def watch_jobs(
-    api: Api, job_ids: list[str], console: Console, *, until: str | None = None, follow_new: bool = False
+    api: Api,
+    job_ids: list[str],
+    console: Console,
+    *,
+    until: str | None = None,
+    follow_new: bool = False,
+    settle_timeout: float = SETTLE_SECONDS,
 ) -> int:
     """Follow `job_ids` until each ends (or reaches `until`); exit code 0, or 1 if one failed.
     `follow_new` (``karios jobs --watch``): also every job created meanwhile, until Ctrl-C."""
@@ -216,6 +272,8 @@ def watch_jobs(
     except KeyboardInterrupt:
         if not follow_new:
             raise
+    if not follow_new:
+        settle(api, list(lines.values()), console, until, settle_timeout)
     print_table(job_table(list(lines.values()), console), console)
     return 1 if any(j.failed for j in lines.values()) else 0
 
