@@ -8,11 +8,18 @@ stands in for the BMCs the inspection routes reach. Timings are printed, never a
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 import time
+from collections import Counter
 
 import httpx
 import pytest
 import yaml
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from benchmarks.every_route import (
     BMC_PASSWORD,
@@ -26,6 +33,7 @@ from benchmarks.every_route import (
     ip,
     measure_all,
     operations,
+    run_wrk,
     seed,
     table,
 )
@@ -114,3 +122,51 @@ async def test_every_route_exercised_without_server_errors(settings, serve, bmc,
     assert all(len(r.times) == min(REQUESTS, r.op.n or REQUESTS) for r in rows if r.op), table(rows)
     assert not [(r.key, dict(r.statuses)) for r in rows if r.server_errors], table(rows)
     assert not [(r.key, dict(r.statuses), r.errors) for r in rows if r.unexpected], table(rows)
+
+
+@pytest.fixture
+def wrk() -> str:
+    found = shutil.which("wrk")
+    if found is None:
+        if REQUIRE:
+            pytest.fail(
+                "wrk is not installed (tests/lab/setup.sh installs it) — CI requires it", pytrace=False
+            )
+        pytest.skip("wrk is not installed (apt-get install wrk; tests/lab/setup.sh installs it)")
+    return found
+
+
+async def test_wrk_sends_each_prepared_request_once_or_cycles_and_counts_every_answer(serve, wrk):
+    """The Lua script behind `every_route.py --connections`: a route whose requests use up what
+    they name gets each prepared request exactly once (then "exhausted"); another cycles through
+    them for the whole run; every answer's status and body are counted, the token and the JSON
+    bodies arrive as prepared."""
+    seen: Counter[tuple[str, str, str]] = Counter()
+
+    async def echo(request: Request) -> JSONResponse:
+        assert request.headers["authorization"] == "Bearer tok-1"
+        body = (await request.body()).decode()
+        seen[(request.method, request.url.path + "?" + request.url.query, body)] += 1
+        return JSONResponse({"ok": True}, status_code=int(request.query_params.get("status", "200")))
+
+    app = Starlette(routes=[Route("/r/{k}", echo, methods=["GET", "POST", "DELETE"])])
+    url = (await serve(app)).url
+    prepared = [("DELETE", f"/r/{k}?status={404 if k % 3 == 0 else 200}", None, {}) for k in range(10)] + [
+        ("POST", "/r/b?status=202", '{"name":"x \\" y"}', {"X-Extra": "1"})
+    ]
+
+    once = await asyncio.to_thread(run_wrk, url, "tok-1", prepared, once=True, connections=4, seconds=1)
+    assert once["exhausted"] is True
+    assert sorted(seen.values()) == [1] * 11, seen  # every prepared request once, none again
+    assert ("POST", "/r/b?status=202", '{"name":"x \\" y"}') in seen
+    assert once["statuses"] == {"200": 6, "404": 4, "202": 1}, once  # every answer read, none more
+    assert once["requests"] == 11 and once["socket_errors"] == once["timeouts"] == once["fillers"] == 0, once
+    assert once["p99_us"] >= once["p50_us"] > 0
+
+    seen.clear()
+    cyc = await asyncio.to_thread(run_wrk, url, "tok-1", prepared[:2], once=False, connections=4, seconds=1)
+    assert cyc["exhausted"] is False and cyc["requests"] > 20, cyc
+    assert set(seen) == {("DELETE", "/r/0?status=404", ""), ("DELETE", "/r/1?status=200", "")}
+    assert abs(seen[("DELETE", "/r/0?status=404", "")] - seen[("DELETE", "/r/1?status=200", "")]) <= 8
+    assert set(cyc["statuses"]) == {"200", "404"} and sum(cyc["statuses"].values()) == cyc["requests"]
+    assert cyc["body_bytes"] == cyc["requests"] * len(b'{"ok":true}')

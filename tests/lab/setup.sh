@@ -18,6 +18,7 @@ PKGS=(
   mmdebstrap apt-cacher-ng                                          # image builds, installer proxy
   prometheus                                                        # dashboards/alerts (promtool) against a real Prometheus
   chromium chromium-driver                                          # the web console in a real browser (Selenium)
+  wrk                                                               # every_route.py's 100 connections (its script tested)
 )
 missing=()
 for p in "${PKGS[@]}"; do
