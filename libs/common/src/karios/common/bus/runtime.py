@@ -89,10 +89,6 @@ E = TypeVar("E", bound=Event)
 BroadcastHandler = Callable[[M], Awaitable[None]]
 
 
-#: How many read-only queries a replica answers at once by default (:meth:`Bus.query_responder`).
-QUERY_WORKERS = 8
-
-
 async def whole_message(msg: NatsMessage, _original: Any = None) -> NatsMessage:
     """FastStream decoder: a handler's one parameter is the message itself (its raw NATS
     message, headers, ack methods). Not ``msg: NatsMessage`` beside the body: FastStream
@@ -364,16 +360,11 @@ class Bus:
         )(consume)
 
     def query_responder(
-        self, subject: str, model: type[Contract], handler: QueryHandler, *, max_workers: int | None = None
+        self, subject: str, model: type[Contract], handler: QueryHandler, *, max_workers: int = 1
     ) -> None:
         """Answer request/reply queries; every replica joins one queue group. ``max_workers``: how
-        many this replica answers at once. By default a query (``<p>.q.…``: reads only) is
-        answered up to :data:`QUERY_WORKERS` at once — one at a time, 100 callers waited in line
-        behind each answer's database round trips with the CPU idle —, and a request that acts
-        (``<p>.req.…``) one at a time, in order, unless its handler says otherwise (one that waits
-        on a BMC for seconds wants more, or one slow answer holds every later one)."""
-        if max_workers is None:
-            max_workers = QUERY_WORKERS if ".q." in subject else 1
+        many this replica answers at once (1: in order; a handler that waits on a BMC for seconds
+        wants more, or one slow answer holds every later one)."""
 
         async def respond(msg: Any) -> bytes:
             reply = await answer_query(msg.raw_message.data, model, handler)
