@@ -47,7 +47,6 @@ import json
 import math
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -66,7 +65,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repo root: benchmarks.launch, tests.lab
 
-from benchmarks.launch import KariosUp  # noqa: E402
+from benchmarks.launch import KariosUp, ensure_debian_tools  # noqa: E402
 
 OPENAPI = ROOT / "docs" / "openapi" / "gateway.json"
 METHODS = ("get", "put", "post", "patch", "delete")
@@ -1265,7 +1264,7 @@ class System(KariosUp):
 
 async def run(a: argparse.Namespace, s: System, w: World) -> list[Row]:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    conns = a.connections if shutil.which("wrk") else 0
+    conns = a.connections if a.connections and not ensure_debian_tools(("wrk", "/usr/bin/wrk")) else 0
     headers = {"Authorization": f"Bearer {s.token}"}
     async with httpx.AsyncClient(base_url=s.url(), headers=headers, timeout=120, limits=limits) as c:
         await seed(c, w, nodes=a.nodes, jobs=a.jobs, requests=a.requests)
@@ -1280,7 +1279,9 @@ async def run(a: argparse.Namespace, s: System, w: World) -> list[Row]:
             + f"; load {os.getloadavg()[0]:.1f}"
         )
         if a.connections and not conns:
-            print("no wrk on this machine (apt-get install wrk): every route measured by httpx clients")
+            print(
+                "no wrk on this machine (apt-get install wrk, as root): every route measured by httpx clients"
+            )
         return await measure_all(
             c, w, requests=a.requests, clients=a.clients, only=only, connections=conns, seconds=a.seconds
         )

@@ -44,7 +44,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the repo root: benchmarks.launch
 
-from benchmarks.launch import KariosUp, free_port, sql  # noqa: E402
+from benchmarks.launch import KariosUp, ensure_debian_tools, free_port, sql  # noqa: E402
 
 
 def mac_of(i: int) -> str:
@@ -52,10 +52,7 @@ def mac_of(i: int) -> str:
 
 
 def ensure_tools() -> None:
-    tools = (("wrk", "/usr/bin/wrk"), ("nginx-light", "/usr/sbin/nginx"))
-    missing = [pkg for pkg, exe in tools if not Path(exe).exists()]
-    if missing:
-        subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, capture_output=True)
+    ensure_debian_tools(("wrk", "/usr/bin/wrk"), ("nginx-light", "/usr/sbin/nginx"))
 
 
 def wrk(url: str, conns: int, seconds: int, token: str | None = None) -> dict[str, float]:

@@ -35,6 +35,15 @@ PORTS = ("GATEWAY", "BOOTAPI", "PROVISIONER", "INVENTORY", "FABRIC_WORKER")
 READY_LINE = "Ctrl-C stops everything"  # what ``karios up`` prints once every service is ready
 
 
+def ensure_debian_tools(*tools: tuple[str, str]) -> list[str]:
+    """Install the Debian packages of `tools` ((package, executable) pairs) whose executable is
+    missing; as a normal user nothing is installed. Returns the packages still missing."""
+    missing = [pkg for pkg, exe in tools if not Path(exe).exists()]
+    if missing and os.geteuid() == 0:
+        subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, capture_output=True)
+    return [pkg for pkg, exe in tools if not Path(exe).exists()]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
